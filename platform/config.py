@@ -1,0 +1,118 @@
+"""The one settings object of ablab.
+
+Layers, lowest to highest: built-in defaults → a YAML file (``ABLAB_CONFIG``, else
+``$ABLAB_HOME/config.yaml`` when present) → ``ABLAB_*`` environment variables →
+keyword arguments given to :class:`Settings` (tests, the CLI's flags).
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+_DEV_WEBHOOK_SECRET = "ablab-dev-webhook-secret"
+
+
+def _config_file() -> Path | None:
+    explicit = os.environ.get("ABLAB_CONFIG")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise FileNotFoundError(f"ABLAB_CONFIG points at {path}, which does not exist")
+        return path
+    home = Path(os.environ.get("ABLAB_HOME", ".ablab"))
+    candidate = home / "config.yaml"
+    return candidate if candidate.is_file() else None
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="ABLAB_", extra="ignore")
+
+    env: Literal["development", "test", "production"] = "development"
+    home: Path = Field(default=Path(".ablab"), description="Data directory (SQLite, chdb, Kafka logs, spool).")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL; SQLite in `home` when unset.")
+    clickhouse_url: str | None = Field(default=None, description="`chdb://…` (embedded) or `http(s)://…`.")
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    api_url: str = "http://127.0.0.1:8000"
+    api_host: str = "127.0.0.1"
+    api_port: int = Field(default=8000, ge=1, le=65535)
+    dashboard_port: int = Field(default=8501, ge=1, le=65535)
+    webhook_secret: SecretStr = SecretStr(_DEV_WEBHOOK_SECRET)
+    bucket_space: int = Field(default=10_000, ge=10_000, description="Assignment buckets per hash space.")
+    sdk_refresh_s: float = Field(default=10.0, gt=0)
+    log_level: str = "INFO"
+
+    @field_validator("home")
+    @classmethod
+    def _absolute_home(cls, value: Path) -> Path:
+        return value.expanduser().resolve()
+
+    @model_validator(mode="after")
+    def _refuse_insecure_defaults(self) -> "Settings":
+        if self.env == "production" and self.webhook_secret.get_secret_value() == _DEV_WEBHOOK_SECRET:
+            raise ValueError("ABLAB_WEBHOOK_SECRET must be set in production (the default is public)")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        path = _config_file()
+        if path is not None:
+            sources.append(YamlConfigSettingsSource(settings_cls, yaml_file=path))
+        return tuple(sources)
+
+    @property
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'ablab.db'}"
+
+    @property
+    def resolved_clickhouse_url(self) -> str:
+        return self.clickhouse_url or f"chdb:///{self.home / 'chdb'}"
+
+    def public_dict(self) -> dict[str, Any]:
+        """Settings safe to print: secrets masked, passwords stripped from URLs."""
+        data = self.model_dump(mode="json")
+        data["webhook_secret"] = "**********"
+        for key in ("database_url", "clickhouse_url"):
+            if data.get(key):
+                data[key] = _mask_url(data[key])
+        return data
+
+
+def _mask_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not an SQLAlchemy URL (chdb://, http://): mask user:pass@ by hand
+        if "@" in url and "://" in url:
+            scheme, rest = url.split("://", 1)
+            return f"{scheme}://***@{rest.split('@', 1)[1]}"
+        return url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def dump_yaml(settings: Settings) -> str:
+    return yaml.safe_dump(settings.public_dict(), sort_keys=True)

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Idempotent set-up of the project's Python environment at .venv/.
+#
+# Third-party packages (torch alone is several GB) live in a venv cached under
+# ~/.cache/ablab, keyed by a hash of requirements.lock and the Python version; the
+# checkout's own .venv is a thin venv that sees those packages through a .pth file and
+# holds only the editable install of ablab. A new clone therefore costs seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PYTHON=${PYTHON:-python3.11}
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+"$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
+  echo "ablab needs Python 3.11 or newer (found $("$PYTHON" --version 2>&1)); set PYTHON=/path/to/python3.11" >&2
+  exit 1
+}
+
+CACHE_ROOT=${ABLAB_CACHE:-$HOME/.cache/ablab}
+key=$( (cat requirements.lock; "$PYTHON" --version) | sha256sum | cut -c1-16)
+deps="$CACHE_ROOT/deps-$key"
+
+if [ ! -f "$deps/.complete" ]; then
+  echo "==> installing third-party packages into $deps (first run only; torch is large)"
+  rm -rf "$deps"
+  mkdir -p "$CACHE_ROOT"
+  "$PYTHON" -m venv "$deps"
+  "$deps/bin/pip" install --quiet --upgrade pip setuptools wheel
+  "$deps/bin/pip" install --quiet -r requirements.lock
+  touch "$deps/.complete"
+fi
+
+site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
+if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.deps 2>/dev/null)" != "$deps" ]; then
+  rm -rf .venv
+  "$PYTHON" -m venv --without-pip .venv
+  echo "$(site_of "$deps/bin/python")" > "$(site_of .venv/bin/python)/_ablab_deps.pth"
+  echo "$deps" > .venv/.deps
+fi
+# Always re-point the editable install at this checkout (cheap).
+.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v "^$" || true
+.venv/bin/python -c 'import ablab.platform' || { echo "editable install of ablab failed" >&2; exit 1; }

@@ -1,0 +1,1 @@
+"""One router per domain; each is included by ``create_app``."""

@@ -1,0 +1,101 @@
+"""Experiments: CRUD with ETag/If-Match, lifecycle, audit history."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+
+from ablab.platform.api.deps import Editor, SessionDep, StateDep, Viewer, parse_if_match
+from ablab.platform.api.problems import responses
+from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed, PreconditionRequired
+from ablab.platform.registry import service
+from ablab.platform.registry.schemas import AuditRead, ExperimentCreate, ExperimentPage, ExperimentRead, ExperimentUpdate, Status
+
+router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
+
+
+def _etag(response: Response, version: int) -> None:
+    response.headers["ETag"] = f'"{version}"'
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, responses=responses(Conflict, Invalid))
+def create_experiment(
+    body: ExperimentCreate, session: SessionDep, state: StateDep, principal: Editor, response: Response
+) -> ExperimentRead:
+    exp = service.create_experiment(session, data=body, actor=principal.name, bucket_space=state.settings.bucket_space)
+    _etag(response, exp.version)
+    response.headers["Location"] = f"/v1/experiments/{exp.key}"
+    return service.to_read(exp)
+
+
+@router.get("")
+def list_experiments(
+    session: SessionDep,
+    _: Viewer,
+    status_filter: Annotated[Status | None, Query(alias="status")] = None,
+    owner: Annotated[str | None, Query(max_length=200)] = None,
+    q: Annotated[str | None, Query(max_length=200, description="Search in key and name.")] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 100,
+    offset: Annotated[int, Query(ge=0)] = 0,
+) -> ExperimentPage:
+    items, total = service.list_experiments(session, status=status_filter, owner=owner, search=q, limit=limit, offset=offset)
+    return ExperimentPage(items=[service.to_read(e) for e in items], total=total)
+
+
+@router.get("/{key}", responses=responses(NotFound))
+def get_experiment(key: str, session: SessionDep, _: Viewer, response: Response) -> ExperimentRead:
+    exp = service.get_experiment(session, key)
+    _etag(response, exp.version)
+    return service.to_read(exp)
+
+
+@router.patch("/{key}", responses=responses(NotFound, PreconditionFailed, PreconditionRequired, Conflict, Invalid))
+def update_experiment(
+    key: str,
+    body: ExperimentUpdate,
+    session: SessionDep,
+    principal: Editor,
+    response: Response,
+    if_match: Annotated[str | None, Header()] = None,
+) -> ExperimentRead:
+    exp = service.update_experiment(
+        session, key=key, data=body, expected_version=parse_if_match(if_match), actor=principal.name
+    )
+    _etag(response, exp.version)
+    return service.to_read(exp)
+
+
+def _lifecycle(action: str):  # noqa: ANN202
+    def endpoint(
+        key: str,
+        session: SessionDep,
+        principal: Editor,
+        response: Response,
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> ExperimentRead:
+        expected = parse_if_match(if_match) if if_match is not None else None
+        exp = service.transition(session, key=key, action=action, actor=principal.name, expected_version=expected)
+        _etag(response, exp.version)
+        return service.to_read(exp)
+
+    endpoint.__name__ = f"{action}_experiment"
+    endpoint.__doc__ = f"Lifecycle: {action} the experiment (If-Match optional)."
+    return endpoint
+
+
+for _action in service.TRANSITIONS:
+    router.add_api_route(
+        f"/{{key}}/{_action}",
+        _lifecycle(_action),
+        methods=["POST"],
+        responses=responses(NotFound, Conflict, PreconditionFailed),
+    )
+
+
+@router.get("/{key}/audit", responses=responses(NotFound))
+def experiment_audit(
+    key: str, session: SessionDep, _: Viewer, limit: Annotated[int, Query(ge=1, le=1000)] = 200
+) -> list[AuditRead]:
+    service.get_experiment(session, key)
+    return service.audit_log(session, key=key, limit=limit)

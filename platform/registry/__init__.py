@@ -1,0 +1,1 @@
+"""The experiment registry: experiments, layers, holdouts, API keys and the audit log."""

@@ -1,0 +1,224 @@
+"""Request and response schemas of the registry (``ExperimentCreate/Update/Read/Page``)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ablab.platform.assignment.targeting import Condition, Op
+from ablab.platform.strategy import Strategy
+
+KEY_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,63}$"
+
+
+class UnitType(StrEnum):
+    user = "user"
+    session = "session"
+    request = "request"
+
+
+class Status(StrEnum):
+    draft = "draft"
+    running = "running"
+    paused = "paused"
+    stopped = "stopped"
+
+
+class Scope(StrEnum):
+    admin = "admin"
+    editor = "editor"
+    viewer = "viewer"
+    sdk = "sdk"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class VariantIn(_Strict):
+    key: str = Field(pattern=KEY_PATTERN)
+    weight: float = Field(gt=0, le=1_000_000)
+    strategy: Strategy = Strategy()
+
+
+class VariantOut(BaseModel):
+    key: str
+    weight: float
+    strategy: dict[str, Any]
+    strategy_hash: str
+    paused: bool = False
+    paused_reason: str | None = None
+
+
+class TargetingRule(_Strict):
+    attribute: str = Field(min_length=1, max_length=64)
+    op: Op
+    value: Any
+
+    @model_validator(mode="after")
+    def _valid(self) -> "TargetingRule":
+        try:
+            Condition(self.attribute, self.op, self.value)
+        except (ValueError, TypeError) as exc:  # re.error is a ValueError
+            raise ValueError(f"invalid {self.op.value} rule on '{self.attribute}': {exc}") from exc
+        return self
+
+
+class MetricSpec(_Strict):
+    metric: str = Field(pattern=r"^[a-z0-9_]+$")
+    direction: str = Field(default="decrease", pattern="^(increase|decrease)$")
+
+
+class Guardrail(_Strict):
+    metric: str = Field(pattern=r"^[a-z0-9_]+$")
+    max: float | None = Field(default=None, description="Absolute ceiling (e.g. p95 TTFT SLA in ms).")
+    min: float | None = Field(default=None, description="Absolute floor (e.g. accuracy).")
+    non_inferiority_margin: float | None = Field(default=None, ge=0, description="Relative margin vs control.")
+    auto_pause: bool = True
+
+    @model_validator(mode="after")
+    def _something(self) -> "Guardrail":
+        if self.max is None and self.min is None and self.non_inferiority_margin is None:
+            raise ValueError("a guardrail needs max, min or non_inferiority_margin")
+        return self
+
+
+def _check_variants(variants: list[VariantIn], control: str | None) -> None:
+    keys = [v.key for v in variants]
+    duplicates = sorted({k for k in keys if keys.count(k) > 1})
+    if duplicates:
+        raise ValueError(f"variant keys must be unique; repeated: {', '.join(duplicates)}")
+    if control is not None and control not in keys:
+        raise ValueError(f"control '{control}' is not one of the variants ({', '.join(keys)})")
+
+
+class ExperimentCreate(_Strict):
+    key: str = Field(pattern=KEY_PATTERN)
+    name: str = Field(min_length=1, max_length=200)
+    hypothesis: str = Field(default="", max_length=10_000)
+    owner: str = Field(default="", max_length=200)
+    unit: UnitType = UnitType.user
+    layer: str | None = Field(default=None, pattern=KEY_PATTERN)
+    layer_share: float | None = Field(default=None, gt=0, le=1, description="Share of the layer's buckets.")
+    holdout: str | None = Field(default=None, pattern=KEY_PATTERN)
+    traffic: float = Field(ge=0, le=1)
+    control: str = Field(pattern=KEY_PATTERN)
+    variants: list[VariantIn] = Field(min_length=2, max_length=64)
+    metrics: list[MetricSpec] = Field(default_factory=list)
+    guardrails: list[Guardrail] = Field(default_factory=list)
+    targeting: list[TargetingRule] = Field(default_factory=list)
+    forced: dict[str, str] = Field(default_factory=dict, description="unit id → variant key, for test units.")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> "ExperimentCreate":
+        _check_variants(self.variants, self.control)
+        keys = {v.key for v in self.variants}
+        for unit, variant in self.forced.items():
+            if variant not in keys:
+                raise ValueError(f"forced unit '{unit}' names unknown variant '{variant}'")
+        if self.layer_share is not None and self.layer is None:
+            raise ValueError("layer_share needs a layer")
+        return self
+
+
+class ExperimentUpdate(_Strict):
+    """Every field optional; weights or variants may change only with ``new_phase: true``."""
+
+    name: str | None = Field(default=None, min_length=1, max_length=200)
+    hypothesis: str | None = Field(default=None, max_length=10_000)
+    owner: str | None = Field(default=None, max_length=200)
+    traffic: float | None = Field(default=None, ge=0, le=1)
+    control: str | None = Field(default=None, pattern=KEY_PATTERN)
+    variants: list[VariantIn] | None = Field(default=None, min_length=2, max_length=64)
+    metrics: list[MetricSpec] | None = None
+    guardrails: list[Guardrail] | None = None
+    targeting: list[TargetingRule] | None = None
+    forced: dict[str, str] | None = None
+    new_phase: bool = Field(default=False, description="Reshuffle units: required to change weights or variants.")
+
+    @field_validator("variants")
+    @classmethod
+    def _unique(cls, variants: list[VariantIn] | None) -> list[VariantIn] | None:
+        if variants is not None:
+            _check_variants(variants, None)
+        return variants
+
+
+class ExperimentRead(BaseModel):
+    key: str
+    name: str
+    hypothesis: str
+    owner: str
+    unit: UnitType
+    status: Status
+    traffic: float
+    control: str
+    phase: int
+    layer: str | None
+    layer_range: tuple[int, int] | None
+    holdout: str | None
+    variants: list[VariantOut]
+    metrics: list[dict[str, Any]]
+    guardrails: list[dict[str, Any]]
+    targeting: list[dict[str, Any]]
+    forced: dict[str, str]
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    stopped_at: datetime | None
+
+
+class ExperimentPage(BaseModel):
+    items: list[ExperimentRead]
+    total: int
+
+
+class LayerCreate(_Strict):
+    key: str = Field(pattern=KEY_PATTERN)
+    name: str = Field(default="", max_length=200)
+
+
+class LayerRead(BaseModel):
+    key: str
+    name: str
+    allocated: list[dict[str, Any]] = Field(description="Bucket ranges held by experiments.")
+    free_share: float
+
+
+class HoldoutCreate(_Strict):
+    key: str = Field(pattern=KEY_PATTERN)
+    name: str = Field(default="", max_length=200)
+    fraction: float = Field(gt=0, lt=1)
+
+
+class HoldoutRead(BaseModel):
+    key: str
+    name: str
+    fraction: float
+
+
+class AuditRead(BaseModel):
+    id: int
+    at: datetime
+    actor: str
+    action: str
+    entity_type: str
+    entity_key: str
+    before: dict[str, Any] | None
+    after: dict[str, Any] | None
+
+
+class ApiKeyCreate(_Strict):
+    name: str = Field(min_length=1, max_length=200)
+    scope: Scope
+
+
+class ApiKeyCreated(BaseModel):
+    name: str
+    scope: Scope
+    prefix: str
+    token: str = Field(description="Shown once; only its hash is stored.")

@@ -1,0 +1,465 @@
+"""Registry logic. Services flush; the caller's transaction commits (see ``db.transaction``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+from sqlalchemy.orm.exc import StaleDataError
+
+from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, HoldoutSpec, LayerSpec, VariantSpec
+from ablab.platform.assignment.targeting import Condition, Op
+from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed
+from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, utcnow
+from ablab.platform.registry.schemas import (
+    AuditRead,
+    ExperimentCreate,
+    ExperimentRead,
+    ExperimentUpdate,
+    HoldoutCreate,
+    HoldoutRead,
+    LayerCreate,
+    LayerRead,
+    Status,
+    VariantIn,
+    VariantOut,
+)
+
+# Lifecycle: action → (allowed source states, target state).
+TRANSITIONS: dict[str, tuple[frozenset[Status], Status]] = {
+    "start": (frozenset({Status.draft, Status.paused}), Status.running),
+    "pause": (frozenset({Status.running}), Status.paused),
+    "stop": (frozenset({Status.draft, Status.running, Status.paused}), Status.stopped),
+}
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _bump_revision(session: Session) -> None:
+    row = session.get(RegistryRevision, 1)
+    if row is None:
+        session.add(RegistryRevision(id=1, revision=1))
+    else:
+        row.revision += 1
+    session.flush()
+
+
+def registry_revision(session: Session) -> int:
+    return session.scalar(select(RegistryRevision.revision).where(RegistryRevision.id == 1)) or 0
+
+
+def record_audit(
+    session: Session, *, actor: str, action: str, entity_type: str, entity_key: str, before: Any, after: Any
+) -> None:
+    session.add(
+        AuditEntry(
+            actor=actor,
+            action=action,
+            entity_type=entity_type,
+            entity_key=entity_key,
+            before=before,
+            after=after,
+        )
+    )
+
+
+def _snapshot(exp: Experiment) -> dict[str, Any]:
+    return to_read(exp).model_dump(mode="json")
+
+
+def to_read(exp: Experiment) -> ExperimentRead:
+    return ExperimentRead(
+        key=exp.key,
+        name=exp.name,
+        hypothesis=exp.hypothesis,
+        owner=exp.owner,
+        unit=exp.unit,
+        status=exp.status,
+        traffic=exp.traffic,
+        control=exp.control,
+        phase=exp.phase,
+        layer=exp.layer.key if exp.layer else None,
+        layer_range=(exp.layer_lo, exp.layer_hi) if exp.layer_id is not None else None,
+        holdout=exp.holdout.key if exp.holdout else None,
+        variants=[
+            VariantOut(
+                key=v.key,
+                weight=v.weight,
+                strategy=v.strategy,
+                strategy_hash=v.strategy_hash,
+                paused=v.paused,
+                paused_reason=v.paused_reason,
+            )
+            for v in exp.variants
+        ],
+        metrics=exp.metrics,
+        guardrails=exp.guardrails,
+        targeting=exp.targeting,
+        forced=exp.forced,
+        version=exp.version,
+        created_at=exp.created_at,
+        updated_at=exp.updated_at,
+        started_at=exp.started_at,
+        stopped_at=exp.stopped_at,
+    )
+
+
+def _variants(items: list[VariantIn]) -> list[Variant]:
+    return [
+        Variant(
+            key=v.key,
+            position=i,
+            weight=v.weight,
+            strategy=v.strategy.model_dump(mode="json"),
+            strategy_hash=v.strategy.content_hash,
+        )
+        for i, v in enumerate(items)
+    ]
+
+
+def _allocate(session: Session, layer: Layer, share: float | None, bucket_space: int) -> tuple[int, int]:
+    """First-fit contiguous range of the layer's buckets not held by a live experiment."""
+    held = sorted(
+        session.execute(
+            select(Experiment.layer_lo, Experiment.layer_hi).where(
+                Experiment.layer_id == layer.id, Experiment.status != Status.stopped.value
+            )
+        ).all()
+    )
+    gaps, cursor = [], 0
+    for lo, hi in held:
+        if lo > cursor:
+            gaps.append((cursor, lo))
+        cursor = max(cursor, hi)
+    if cursor < bucket_space:
+        gaps.append((cursor, bucket_space))
+    if not gaps:
+        raise Conflict(f"layer '{layer.key}' has no free buckets; stop an experiment in it first", field="layer")
+    if share is None:
+        lo, hi = max(gaps, key=lambda g: g[1] - g[0])
+        return lo, hi
+    need = max(1, round(share * bucket_space))
+    for lo, hi in gaps:
+        if hi - lo >= need:
+            return lo, lo + need
+    free = sum(hi - lo for lo, hi in gaps) / bucket_space
+    raise Conflict(
+        f"layer '{layer.key}' has no free range of {share:.2%}; largest free share is "
+        f"{max(hi - lo for lo, hi in gaps) / bucket_space:.2%} ({free:.2%} in all)",
+        field="layer_share",
+    )
+
+
+# ---------------------------------------------------------------- experiments
+
+
+def get_experiment(session: Session, key: str) -> Experiment:
+    exp = session.scalar(select(Experiment).where(Experiment.key == key))
+    if exp is None:
+        raise NotFound(f"experiment '{key}' does not exist", field="key")
+    return exp
+
+
+def list_experiments(
+    session: Session,
+    *,
+    status: Status | None = None,
+    owner: str | None = None,
+    search: str | None = None,
+    limit: int = 100,
+    offset: int = 0,
+) -> tuple[list[Experiment], int]:
+    query = select(Experiment)
+    if status is not None:
+        query = query.where(Experiment.status == status.value)
+    if owner:
+        query = query.where(Experiment.owner == owner)
+    if search:
+        pattern = f"%{search.lower()}%"
+        query = query.where(or_(func.lower(Experiment.key).like(pattern), func.lower(Experiment.name).like(pattern)))
+    total = session.scalar(select(func.count()).select_from(query.subquery())) or 0
+    items = session.scalars(query.order_by(Experiment.created_at.desc(), Experiment.id.desc()).limit(limit).offset(offset))
+    return list(items), total
+
+
+def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, bucket_space: int) -> Experiment:
+    if session.scalar(select(Experiment.id).where(Experiment.key == data.key)) is not None:
+        raise Conflict(f"experiment '{data.key}' already exists", field="key")
+    layer = holdout = None
+    lo = hi = None
+    if data.layer is not None:
+        layer = session.scalar(select(Layer).where(Layer.key == data.layer))
+        if layer is None:
+            raise Invalid(f"layer '{data.layer}' does not exist; create it with POST /v1/layers", field="layer")
+        lo, hi = _allocate(session, layer, data.layer_share, bucket_space)
+    if data.holdout is not None:
+        holdout = session.scalar(select(Holdout).where(Holdout.key == data.holdout))
+        if holdout is None:
+            raise Invalid(f"holdout '{data.holdout}' does not exist; create it with POST /v1/holdouts", field="holdout")
+    exp = Experiment(
+        key=data.key,
+        name=data.name,
+        hypothesis=data.hypothesis,
+        owner=data.owner or actor,
+        unit=data.unit.value,
+        status=Status.draft.value,
+        traffic=data.traffic,
+        control=data.control,
+        salt=data.key,
+        phase=1,
+        layer=layer,
+        layer_lo=lo,
+        layer_hi=hi,
+        holdout=holdout,
+        targeting=[r.model_dump(mode="json") for r in data.targeting],
+        forced=dict(data.forced),
+        metrics=[m.model_dump(mode="json") for m in data.metrics],
+        guardrails=[g.model_dump(mode="json") for g in data.guardrails],
+        variants=_variants(data.variants),
+    )
+    session.add(exp)
+    session.flush()
+    record_audit(session, actor=actor, action="create", entity_type="experiment", entity_key=exp.key, before=None, after=_snapshot(exp))
+    _bump_revision(session)
+    return exp
+
+
+def _check_version(exp: Experiment, expected_version: int) -> None:
+    if exp.version != expected_version:
+        raise PreconditionFailed(
+            f"experiment '{exp.key}' is at version {exp.version}, not {expected_version}: "
+            "someone changed it first; GET it again and reapply your change",
+            field="If-Match",
+        )
+
+
+def update_experiment(
+    session: Session, *, key: str, data: ExperimentUpdate, expected_version: int, actor: str
+) -> Experiment:
+    exp = get_experiment(session, key)
+    _check_version(exp, expected_version)
+    if exp.status == Status.stopped.value:
+        raise Conflict(f"experiment '{key}' is stopped; stopped experiments are read-only", field="status")
+    before = _snapshot(exp)
+    fields = data.model_fields_set - {"new_phase"}
+    if not fields:
+        raise Invalid("the update changes nothing; send at least one field", field="body")
+
+    control = data.control if data.control is not None else exp.control
+    if data.variants is not None:
+        current = [(v.key, v.weight, v.strategy_hash) for v in exp.variants]
+        proposed = [(v.key, v.weight, v.strategy.content_hash) for v in data.variants]
+        if current != proposed:
+            if not data.new_phase:
+                raise Conflict(
+                    "changing variants or weights reshuffles units between variants; "
+                    "send new_phase: true to start a new phase on purpose",
+                    field="variants",
+                )
+            exp.variants = _variants(data.variants)
+            exp.phase += 1
+    if control not in {v.key for v in exp.variants}:
+        raise Invalid(f"control '{control}' is not one of the variants", field="control")
+    if data.control is not None and data.control != exp.control and exp.status != Status.draft.value:
+        raise Conflict("the control of a started experiment cannot change", field="control")
+    exp.control = control
+    if data.forced is not None:
+        keys = {v.key for v in exp.variants}
+        for unit, variant in data.forced.items():
+            if variant not in keys:
+                raise Invalid(f"forced unit '{unit}' names unknown variant '{variant}'", field="forced")
+        exp.forced = dict(data.forced)
+    for name in ("name", "hypothesis", "owner", "traffic"):
+        if name in fields and getattr(data, name) is not None:
+            setattr(exp, name, getattr(data, name))
+    if data.targeting is not None:
+        exp.targeting = [r.model_dump(mode="json") for r in data.targeting]
+    if data.metrics is not None:
+        exp.metrics = [m.model_dump(mode="json") for m in data.metrics]
+    if data.guardrails is not None:
+        exp.guardrails = [g.model_dump(mode="json") for g in data.guardrails]
+    _flush_versioned(session, exp)
+    action = "update+new_phase" if data.new_phase and exp.phase != before["phase"] else "update"
+    record_audit(session, actor=actor, action=action, entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
+    _bump_revision(session)
+    return exp
+
+
+def _flush_versioned(session: Session, exp: Experiment) -> None:
+    try:
+        session.flush()
+    except StaleDataError as exc:  # another writer committed between our read and write
+        raise PreconditionFailed(
+            f"experiment '{exp.key}' was changed concurrently; GET it again and reapply your change",
+            field="If-Match",
+        ) from exc
+
+
+def transition(
+    session: Session, *, key: str, action: str, actor: str, expected_version: int | None = None, reason: str = ""
+) -> Experiment:
+    exp = get_experiment(session, key)
+    if expected_version is not None:
+        _check_version(exp, expected_version)
+    sources, target = TRANSITIONS[action]
+    if Status(exp.status) not in sources:
+        allowed = ", ".join(sorted(a for a, (src, _) in TRANSITIONS.items() if Status(exp.status) in src)) or "none"
+        raise Conflict(f"cannot {action} experiment '{key}' while it is {exp.status} (allowed: {allowed})", field="status")
+    before = _snapshot(exp)
+    exp.status = target.value
+    now = utcnow()
+    if target is Status.running and exp.started_at is None:
+        exp.started_at = now
+    if target is Status.stopped:
+        exp.stopped_at = now
+    _flush_versioned(session, exp)
+    after = _snapshot(exp)
+    if reason:
+        after["reason"] = reason
+    record_audit(session, actor=actor, action=action, entity_type="experiment", entity_key=key, before=before, after=after)
+    _bump_revision(session)
+    return exp
+
+
+def pause_variant(session: Session, *, key: str, variant: str, reason: str, actor: str) -> Experiment:
+    """Stop serving one variant (its units get no assignment); used by guardrail automation."""
+    exp = get_experiment(session, key)
+    target = next((v for v in exp.variants if v.key == variant), None)
+    if target is None:
+        raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
+    if variant == exp.control:
+        raise Conflict("the control variant cannot be paused; pause the experiment instead", field="variant")
+    if target.paused:
+        return exp
+    before = _snapshot(exp)
+    target.paused = True
+    target.paused_reason = reason
+    exp.updated_at = utcnow()  # bumps the experiment's version too
+    _flush_versioned(session, exp)
+    record_audit(session, actor=actor, action="pause_variant", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
+    _bump_revision(session)
+    return exp
+
+
+def audit_log(session: Session, *, key: str | None = None, limit: int = 200) -> list[AuditRead]:
+    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
+    if key is not None:
+        query = query.where(AuditEntry.entity_key == key)
+    return [AuditRead.model_validate(e, from_attributes=True) for e in session.scalars(query)]
+
+
+# ---------------------------------------------------------------- layers and holdouts
+
+
+def create_layer(session: Session, *, data: LayerCreate, actor: str) -> Layer:
+    if session.scalar(select(Layer.id).where(Layer.key == data.key)) is not None:
+        raise Conflict(f"layer '{data.key}' already exists", field="key")
+    layer = Layer(key=data.key, name=data.name or data.key, salt=f"layer:{data.key}")
+    session.add(layer)
+    session.flush()
+    record_audit(session, actor=actor, action="create", entity_type="layer", entity_key=data.key, before=None, after=data.model_dump())
+    _bump_revision(session)
+    return layer
+
+
+def layer_read(session: Session, layer: Layer, bucket_space: int) -> LayerRead:
+    rows = session.execute(
+        select(Experiment.key, Experiment.layer_lo, Experiment.layer_hi)
+        .where(Experiment.layer_id == layer.id, Experiment.status != Status.stopped.value)
+        .order_by(Experiment.layer_lo)
+    ).all()
+    used = sum(hi - lo for _, lo, hi in rows)
+    return LayerRead(
+        key=layer.key,
+        name=layer.name,
+        allocated=[{"experiment": k, "range": [lo, hi]} for k, lo, hi in rows],
+        free_share=(bucket_space - used) / bucket_space,
+    )
+
+
+def list_layers(session: Session) -> list[Layer]:
+    return list(session.scalars(select(Layer).order_by(Layer.key)))
+
+
+def create_holdout(session: Session, *, data: HoldoutCreate, actor: str) -> Holdout:
+    if session.scalar(select(Holdout.id).where(Holdout.key == data.key)) is not None:
+        raise Conflict(f"holdout '{data.key}' already exists", field="key")
+    holdout = Holdout(key=data.key, name=data.name or data.key, salt=f"holdout:{data.key}", fraction=data.fraction)
+    session.add(holdout)
+    session.flush()
+    record_audit(session, actor=actor, action="create", entity_type="holdout", entity_key=data.key, before=None, after=data.model_dump())
+    _bump_revision(session)
+    return holdout
+
+
+def list_holdouts(session: Session) -> list[HoldoutRead]:
+    return [HoldoutRead(key=h.key, name=h.name, fraction=h.fraction) for h in session.scalars(select(Holdout).order_by(Holdout.key))]
+
+
+# ---------------------------------------------------------------- what assignment needs
+
+
+def sdk_config(session: Session, *, bucket_space: int) -> dict[str, Any]:
+    """Everything an SDK needs to assign locally; the input of :func:`config_from_payload`."""
+    experiments = session.scalars(
+        select(Experiment).where(Experiment.status != Status.stopped.value).order_by(Experiment.key)
+    ).all()
+    return {
+        "revision": registry_revision(session),
+        "bucket_space": bucket_space,
+        "layers": [{"key": layer.key, "salt": layer.salt} for layer in list_layers(session)],
+        "holdouts": [{"key": h.key, "salt": h.salt, "fraction": h.fraction} for h in session.scalars(select(Holdout))],
+        "experiments": [
+            {
+                "key": e.key,
+                "salt": e.salt,
+                "phase": e.phase,
+                "unit": e.unit,
+                "status": e.status,
+                "traffic": e.traffic,
+                "control": e.control,
+                "layer": e.layer.key if e.layer else None,
+                "layer_range": [e.layer_lo, e.layer_hi] if e.layer_id is not None else None,
+                "holdout": e.holdout.key if e.holdout else None,
+                "targeting": e.targeting,
+                "forced": e.forced,
+                "variants": [
+                    {"key": v.key, "weight": v.weight, "strategy": v.strategy, "paused": v.paused} for v in e.variants
+                ],
+            }
+            for e in experiments
+        ],
+    }
+
+
+def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
+    """Build the pure engine's config from an SDK config payload (API and SDK share this)."""
+    return AssignmentConfig(
+        experiments=tuple(
+            ExperimentSpec(
+                key=e["key"],
+                salt=e["salt"],
+                phase=e["phase"],
+                unit=e["unit"],
+                status=e["status"],
+                traffic=e["traffic"],
+                control=e["control"],
+                layer=e.get("layer"),
+                layer_range=tuple(e["layer_range"]) if e.get("layer_range") else None,
+                holdout=e.get("holdout"),
+                targeting=tuple(Condition(r["attribute"], Op(r["op"]), r["value"]) for r in e.get("targeting", [])),
+                forced=dict(e.get("forced", {})),
+                variants=tuple(
+                    VariantSpec(key=v["key"], weight=v["weight"], strategy=v["strategy"], paused=v.get("paused", False))
+                    for v in e["variants"]
+                ),
+            )
+            for e in payload["experiments"]
+        ),
+        layers={layer["key"]: LayerSpec(layer["key"], layer["salt"]) for layer in payload["layers"]},
+        holdouts={h["key"]: HoldoutSpec(h["key"], h["salt"], h["fraction"]) for h in payload["holdouts"]},
+        bucket_space=payload["bucket_space"],
+        revision=str(payload["revision"]),
+    )

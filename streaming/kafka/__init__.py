@@ -1,0 +1,1 @@
+"""Kafka side of ablab: topic names, the local broker runner, the emitter and consumers."""

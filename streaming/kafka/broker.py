@@ -1,0 +1,261 @@
+"""Run a real single-node Apache Kafka 4.x broker (KRaft) on 127.0.0.1.
+
+Everything lives in one directory (``ABLAB_HOME/kafka`` for ``ablab kafka start``, a temp
+dir in tests)::
+
+    <dir>/server.properties   rendered from deploy/kafka/server.properties.template
+    <dir>/data/               log.dirs, formatted once with `StorageTool format --standalone`
+    <dir>/logs/server.log     broker log (log4j2, deploy/kafka/log4j2.properties)
+    <dir>/broker.out          JVM stdout/stderr (start-up failures end up here)
+    <dir>/broker.pid          pid of the detached JVM
+
+:func:`start_broker` is idempotent (a live broker on the same dir is reused), waits until
+the broker answers metadata requests and creates the topics. :func:`stop_broker` sends
+SIGTERM (a clean shutdown flushes logs) and SIGKILL after a timeout.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import signal
+import socket
+import string
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from ablab.streaming.kafka import jars
+from ablab.streaming.kafka.topics import TOPICS, TopicSpec, create_topics
+
+TEMPLATE = jars.REPO_ROOT / "deploy" / "kafka" / "server.properties.template"
+LOG4J2_CONFIG = jars.REPO_ROOT / "deploy" / "kafka" / "log4j2.properties"
+MAIN_CLASS = "kafka.Kafka"
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+@dataclass(frozen=True)
+class BrokerConfig:
+    directory: Path
+    port: int = 9092
+    controller_port: int | None = None  # default: port + 1
+    host: str = "127.0.0.1"
+    heap_mb: int = 512
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def resolved_controller_port(self) -> int:
+        return self.controller_port or self.port + 1
+
+    @property
+    def pidfile(self) -> Path:
+        return self.directory / "broker.pid"
+
+
+@dataclass(frozen=True)
+class BrokerStatus:
+    running: bool
+    pid: int | None
+    bootstrap: str | None
+    directory: Path
+
+
+def render_properties(config: BrokerConfig) -> str:
+    return string.Template(TEMPLATE.read_text()).substitute(
+        host=config.host,
+        port=config.port,
+        controller_port=config.resolved_controller_port,
+        log_dirs=str(config.directory / "data"),
+    )
+
+
+def start_broker(
+    *, config: BrokerConfig, topics: tuple[TopicSpec, ...] = TOPICS, timeout_s: float = 90.0
+) -> BrokerStatus:
+    """Start the broker detached (or reuse the one already running there); create topics."""
+    current = broker_status(directory=config.directory)
+    if current.running:
+        create_topics(bootstrap=current.bootstrap or config.bootstrap, specs=topics)
+        return current
+    for port in (config.port, config.resolved_controller_port):
+        if _port_open(config.host, port):
+            raise BrokerError(f"port {config.host}:{port} is already in use by another process; "
+                              "pick another with --port (or ABLAB_KAFKA_BOOTSTRAP)")
+    jars.ensure_jars()
+    jars.java_version()
+    config.directory.mkdir(parents=True, exist_ok=True)
+    (config.directory / "logs").mkdir(exist_ok=True)
+    properties = config.directory / "server.properties"
+    properties.write_text(render_properties(config))
+    _format_storage(config, properties)
+
+    out = open(config.directory / "broker.out", "ab")
+    process = subprocess.Popen(
+        [*_java_command(config), MAIN_CLASS, str(properties)],
+        stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        cwd=config.directory, start_new_session=True,  # outlives the CLI, not killed by its ^C
+    )
+    out.close()
+    config.pidfile.write_text(f"{process.pid}\n{config.bootstrap}\n")
+    try:
+        _wait_until_ready(config, process, deadline=time.monotonic() + timeout_s)
+        create_topics(bootstrap=config.bootstrap, specs=topics)
+    except BaseException:
+        stop_broker(directory=config.directory)
+        raise
+    return BrokerStatus(True, process.pid, config.bootstrap, config.directory)
+
+
+def stop_broker(*, directory: Path, timeout_s: float = 30.0) -> bool:
+    """Stop the broker of ``directory``; True when one was running."""
+    status = broker_status(directory=directory)
+    pidfile = directory / "broker.pid"
+    if not status.running or status.pid is None:
+        pidfile.unlink(missing_ok=True)
+        return False
+    _signal(status.pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while _alive(status.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if _alive(status.pid):
+        _signal(status.pid, signal.SIGKILL)
+        while _alive(status.pid):
+            time.sleep(0.05)
+    pidfile.unlink(missing_ok=True)
+    return True
+
+
+def kill_broker(*, directory: Path) -> bool:
+    """SIGKILL, no clean shutdown: what a crash looks like (fault tests)."""
+    status = broker_status(directory=directory)
+    if not status.running or status.pid is None:
+        return False
+    _signal(status.pid, signal.SIGKILL)
+    while _alive(status.pid):
+        time.sleep(0.05)
+    (directory / "broker.pid").unlink(missing_ok=True)
+    return True
+
+
+def broker_status(*, directory: Path) -> BrokerStatus:
+    pidfile = directory / "broker.pid"
+    try:
+        pid_text, bootstrap = pidfile.read_text().split("\n")[:2]
+        pid = int(pid_text)
+    except (FileNotFoundError, ValueError):
+        return BrokerStatus(False, None, None, directory)
+    running = _alive(pid) and _is_our_broker(pid, directory)
+    return BrokerStatus(running, pid if running else None, bootstrap if running else None, directory)
+
+
+def _java_command(config: BrokerConfig) -> list[str]:
+    return [
+        "java",
+        f"-Xms{min(256, config.heap_mb)}m", f"-Xmx{config.heap_mb}m",
+        "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", "-XX:+ExitOnOutOfMemoryError",
+        "-XX:ActiveProcessorCount=2", "-Djava.awt.headless=true",
+        f"-Dlog4j2.configurationFile={LOG4J2_CONFIG}",
+        f"-Dkafka.logs.dir={config.directory / 'logs'}",
+        "-cp", jars.kafka_classpath(),
+    ]
+
+
+def _format_storage(config: BrokerConfig, properties: Path) -> None:
+    if (config.directory / "data" / "meta.properties").is_file():
+        return  # formatted before: keep the data (restart, not reset)
+    cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    done = subprocess.run(
+        [*_java_command(config), "kafka.tools.StorageTool", "format", "--standalone",
+         "-t", cluster_id, "-c", str(properties)],
+        capture_output=True, text=True, cwd=config.directory,
+    )
+    if done.returncode != 0:
+        raise BrokerError(f"formatting the KRaft storage failed:\n{(done.stdout + done.stderr)[-2000:]}")
+
+
+def _wait_until_ready(config: BrokerConfig, process: subprocess.Popen, *, deadline: float) -> None:
+    from kafka import KafkaAdminClient
+    from kafka.errors import KafkaError
+
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise BrokerError(f"the broker exited with code {process.returncode} during start-up; "
+                              f"see {config.directory / 'broker.out'} and {config.directory / 'logs'}:\n"
+                              + _tail(config.directory / "broker.out"))
+        if _port_open(config.host, config.port):
+            try:
+                KafkaAdminClient(bootstrap_servers=config.bootstrap, request_timeout_ms=5000).close()
+                return
+            except KafkaError:
+                pass
+        time.sleep(0.25)
+    raise BrokerError(f"the broker did not answer on {config.bootstrap} in time; see {config.directory / 'logs'}")
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def _port_open(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex((host, port)) == 0
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on whose successor is free too (broker + controller)."""
+    for _ in range(50):
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port < 65535 and not _port_open(host, port + 1):
+            try:
+                with socket.socket() as probe:
+                    probe.bind((host, port + 1))
+                return port
+            except OSError:
+                continue
+    raise BrokerError("no free pair of ports found")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child (we started it in this process) counts as dead.
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        return waited == 0
+    except ChildProcessError:
+        return True
+
+
+def _is_our_broker(pid: int, directory: Path) -> bool:
+    """Guard against a recycled pid: the process must be a Kafka JVM started in ``directory``."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+    except (FileNotFoundError, PermissionError, ProcessLookupError, OSError):
+        return not Path("/proc/self").exists()  # no /proc at all (macOS): trust the pidfile
+    return MAIN_CLASS.encode() in cmdline and cwd.resolve() == directory.resolve()
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

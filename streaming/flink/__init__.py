@@ -1,0 +1,1 @@
+"""PyFlink window job (SQL in sql/, runner in job.py)."""

@@ -1,0 +1,259 @@
+"""The PyFlink job: 10-second window rows of each (experiment, variant), pure Flink SQL.
+
+The SQL lives next to this file (``sql/*.sql``, run in name order); this module only
+renders ``${name}`` placeholders from a :class:`JobConfig` (config-derived values, quoted
+for SQL string literals) and runs the statements: DDL and views one by one, the
+``INSERT`` statements as one statement set, hence one job and one checkpoint. No Python
+UDF is on the hot path.
+
+Locally (``ablab stream submit --local``) the job runs in a PyFlink mini-cluster inside
+this process; on a cluster the same module is submitted with
+``flink run -py streaming/flink/job.py -- --bootstrap HOST:9092 ...`` (or ``-pym
+ablab.streaming.flink.job``) and the cluster's configuration supplies checkpoint storage.
+
+Late-data policy (tested in tests/unit/streaming/test_flink_job.py and
+tests/integration/streaming/test_pipeline_canned.py):
+
+- Watermark = largest event time seen − ``out_of_orderness_s`` (default 2 s). Events out of
+  order within that bound land in their own window.
+- An event whose ``ts`` is at or behind the watermark when it arrives is *late*: it is
+  written as a ``kind = "late"`` row to the windows topic and stored in ClickHouse's
+  ``late_events`` — never silently dropped, never added to an already emitted window.
+  Hence, per experiment: raw inference events = Σ window ``n`` + late inference events.
+- Duplicates (one ``event_id`` delivered twice) count once.
+- RUM (client-side latency) is joined to its inference event by ``trace_id`` and counted
+  in that event's window and variant, when their window times lie within
+  ``rum_horizon_s``; RUM outside the horizon, or with no inference event, stays in
+  ``raw_events`` only.
+- Feedback (labels, minutes late) is *not* windowed in Flink: it is attributed to its
+  original request's window and variant in ClickHouse at query time, by ``trace_id``
+  (``ablab.streaming.store.queries``), so a label arriving an hour late still updates its
+  window and nothing needs to hold an hour of request state.
+
+Fault tolerance: checkpoints every ``checkpoint_interval_s`` (exactly-once mode), retained
+on cancellation; the Kafka sinks are transactional (``exactly-once``), so rows become
+visible to ``read_committed`` readers only when their checkpoint completes. On start the
+runner resumes from the newest completed checkpoint in ``checkpoint_dir`` (if any), which
+restores the Kafka offsets and window state, so a SIGKILLed job restarts without loss or
+double counting.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+SQL_DIR = Path(__file__).parent / "sql"
+WINDOW_SECONDS = 10
+_PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
+_SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,/\-=+ ]*$")
+
+
+class JobConfigError(ValueError):
+    """A job parameter that cannot be used; the message names it."""
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    bootstrap: str = "127.0.0.1:9092"
+    inference_topic: str = "ablab.inference"
+    rum_topic: str = "ablab.rum"
+    windows_topic: str = "ablab.windows"
+    group_id: str = "ablab-flink"
+    out_of_orderness_s: float = 2.0
+    rum_horizon_s: float = 10.0
+    idle_timeout_s: float = 5.0
+    bounded: bool = False
+    """Stop at the offsets that are the latest when the job starts (tests, benchmarks)."""
+    checkpoint_dir: Path | None = None
+    checkpoint_interval_s: float = 2.0
+    delivery_guarantee: str = "exactly-once"
+    transactional_id_prefix: str = "ablab-flink"
+    transaction_timeout_ms: int = 600_000
+    parallelism: int = 1
+    restore: bool = True
+    """Resume from the newest completed checkpoint in ``checkpoint_dir``."""
+    extra_config: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.out_of_orderness_s < 0:
+            raise JobConfigError(f"out_of_orderness_s must be >= 0, got {self.out_of_orderness_s}")
+        if self.rum_horizon_s < 0:
+            raise JobConfigError(f"rum_horizon_s must be >= 0, got {self.rum_horizon_s}")
+        if self.checkpoint_interval_s <= 0:
+            raise JobConfigError(f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}")
+        if self.delivery_guarantee not in ("exactly-once", "at-least-once", "none"):
+            raise JobConfigError(
+                f"delivery_guarantee must be exactly-once, at-least-once or none, got {self.delivery_guarantee!r}"
+            )
+        if self.parallelism < 1:
+            raise JobConfigError(f"parallelism must be >= 1, got {self.parallelism}")
+
+    def sql_parameters(self) -> dict[str, str]:
+        return {
+            "bootstrap": self.bootstrap,
+            "inference_topic": self.inference_topic,
+            "rum_topic": self.rum_topic,
+            "windows_topic": self.windows_topic,
+            "group_id": self.group_id,
+            "out_of_orderness_s": f"{self.out_of_orderness_s:.3f}",
+            "rum_horizon_s": f"{self.rum_horizon_s:.3f}",
+            "idle_timeout": f"{int(self.idle_timeout_s * 1000)} ms",
+            "bounded_mode": "latest-offset" if self.bounded else "unbounded",
+            "delivery_guarantee": self.delivery_guarantee,
+            "transactional_id_prefix": self.transactional_id_prefix,
+            "transaction_timeout_ms": str(self.transaction_timeout_ms),
+        }
+
+
+def render(sql: str, parameters: dict[str, str]) -> str:
+    """Substitute ``${name}`` placeholders; every value must be a plain, quote-free token.
+
+    The values come from configuration, not from events, but are still checked so that a
+    stray quote cannot change a statement.
+    """
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1)
+        if name not in parameters:
+            raise JobConfigError(f"SQL placeholder ${{{name}}} has no value")
+        text = parameters[name]
+        if not _SAFE_VALUE.match(text):
+            raise JobConfigError(f"job parameter {name}={text!r} has characters not allowed in SQL options")
+        return text
+
+    return _PLACEHOLDER.sub(value, sql)
+
+
+def split_statements(sql: str) -> list[str]:
+    body = "\n".join(line for line in sql.splitlines() if not line.lstrip().startswith("--"))
+    return [part.strip() for part in re.split(r";\s*(?:\n|$)", body) if part.strip()]
+
+
+def sql_files(names: tuple[str, ...] | None = None) -> list[Path]:
+    files = sorted(SQL_DIR.glob("*.sql"))
+    if names is not None:
+        files = [path for path in files if path.stem.split("_", 1)[1] in names]
+    return files
+
+
+def statements(config: JobConfig, *, parts: tuple[str, ...] | None = None) -> list[str]:
+    """Every statement of the job (or of the named parts: sources_kafka, sinks_kafka, transform, inserts)."""
+    parameters = config.sql_parameters()
+    return [stmt for path in sql_files(parts) for stmt in split_statements(render(path.read_text(), parameters))]
+
+
+def latest_checkpoint(checkpoint_dir: Path) -> Path | None:
+    """The newest completed checkpoint (a ``chk-N`` folder with ``_metadata``) under any job id."""
+    if not checkpoint_dir.is_dir():
+        return None
+    completed = [meta.parent for meta in checkpoint_dir.glob("*/chk-*/_metadata")]
+    if not completed:
+        return None
+    return max(completed, key=lambda path: (path.stat().st_mtime, int(path.name.split("-")[1])))
+
+
+def _connector_jar() -> Path:
+    """The Flink Kafka connector jar, resolved by Maven from deploy/pom.xml."""
+    from ablab.streaming.kafka import jars
+
+    jars.ensure_jars()
+    return jars.kafka_connector_jar()
+
+
+def flink_configuration(config: JobConfig, *, connector_jar: Path | None) -> dict[str, str]:
+    conf: dict[str, str] = {
+        "parallelism.default": str(config.parallelism),
+        "pipeline.name": "ablab-windows",
+        "execution.checkpointing.interval": f"{int(config.checkpoint_interval_s * 1000)} ms",
+        "execution.checkpointing.mode": "EXACTLY_ONCE",
+        "execution.checkpointing.externalized-checkpoint-retention": "RETAIN_ON_CANCELLATION",
+        "execution.checkpointing.num-retained": "3",
+        "table.exec.source.idle-timeout": f"{int(config.idle_timeout_s * 1000)} ms",
+        # Local-global aggregation and mini-batches are what make the window pipeline fast.
+        "table.exec.mini-batch.enabled": "true",
+        "table.exec.mini-batch.allow-latency": "500 ms",
+        "table.exec.mini-batch.size": "5000",
+        "restart-strategy.type": "fixed-delay",
+        "restart-strategy.fixed-delay.attempts": "3",
+        "restart-strategy.fixed-delay.delay": "2 s",
+    }
+    if connector_jar is not None:
+        conf["pipeline.jars"] = connector_jar.resolve().as_uri()
+    if config.checkpoint_dir is not None:
+        conf["execution.checkpointing.dir"] = config.checkpoint_dir.resolve().as_uri()
+        resume = latest_checkpoint(config.checkpoint_dir) if config.restore else None
+        if resume is not None:
+            conf["execution.state-recovery.path"] = resume.resolve().as_uri()
+    conf.update(config.extra_config)
+    return conf
+
+
+def create_table_environment(conf: dict[str, str]) -> Any:
+    """A streaming TableEnvironment (mini-cluster unless a cluster submitted us)."""
+    os.environ.setdefault("JVM_ARGS", "-Xmx512m")
+    from pyflink.table import EnvironmentSettings, TableEnvironment
+
+    env = TableEnvironment.create(EnvironmentSettings.in_streaming_mode())
+    table_config = env.get_config()
+    for key, value in conf.items():
+        table_config.set(key, value)
+    return env
+
+
+def submit(config: JobConfig, *, wait: bool = True, connector_jar: Path | None = None) -> Any:
+    """Build and start the job; with ``wait`` block until it ends (bounded input, or cancel)."""
+    jar = connector_jar if connector_jar is not None else _connector_jar()
+    env = create_table_environment(flink_configuration(config, connector_jar=jar))
+    inserts = []
+    for statement in statements(config):
+        if statement.upper().startswith("INSERT"):
+            inserts.append(statement)
+        else:
+            env.execute_sql(statement)
+    statement_set = env.create_statement_set()
+    for statement in inserts:
+        statement_set.add_insert_sql(statement)
+    result = statement_set.execute()
+    if wait:
+        result.wait()
+    return result
+
+
+def _parse_args(argv: list[str]) -> JobConfig:
+    parser = argparse.ArgumentParser(prog="ablab-flink-job", description=__doc__.split("\n\n")[0])
+    defaults = JobConfig()
+    for item in fields(JobConfig):
+        if item.name == "extra_config":
+            continue
+        flag = "--" + item.name.replace("_", "-")
+        default = getattr(defaults, item.name)
+        if isinstance(default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default)
+        elif item.name == "checkpoint_dir":
+            parser.add_argument(flag, type=Path, default=None)
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="extra Flink option")
+    args = vars(parser.parse_args(argv))
+    extra = {}
+    for item in args.pop("set"):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise JobConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        extra[key.strip()] = value.strip()
+    return JobConfig(**args, extra_config=extra)
+
+
+def main(argv: list[str] | None = None) -> None:
+    config = _parse_args(sys.argv[1:] if argv is None else argv)
+    submit(config, wait=True)
+
+
+if __name__ == "__main__":
+    main()

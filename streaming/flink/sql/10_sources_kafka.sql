@@ -1,0 +1,51 @@
+-- Kafka sources: one typed topic per event type (ablab.streaming.kafka.topics).
+-- Event time is `ts`; the watermark trails the largest ts seen by the bounded
+-- out-of-orderness. Bad JSON and wrong-typed fields become NULLs (ignore-parse-errors)
+-- and are filtered out in 30_transform.sql; the loader dead-letters the same records.
+CREATE TEMPORARY TABLE inference_events (
+    event_id      STRING,
+    ts            TIMESTAMP_LTZ(3),
+    trace_id      STRING,
+    experiment    STRING,
+    `variant`     STRING,
+    ttft_ms       DOUBLE,
+    e2e_ms        DOUBLE,
+    tpot_ms       DOUBLE,
+    prompt_tokens BIGINT,
+    output_tokens BIGINT,
+    cost_usd      DOUBLE,
+    `error`       STRING,
+    WATERMARK FOR ts AS ts - INTERVAL '${out_of_orderness_s}' SECOND
+) WITH (
+    'connector' = 'kafka',
+    'topic' = '${inference_topic}',
+    'properties.bootstrap.servers' = '${bootstrap}',
+    'properties.group.id' = '${group_id}',
+    'properties.isolation.level' = 'read_committed',
+    'scan.startup.mode' = 'earliest-offset',
+    'scan.bounded.mode' = '${bounded_mode}',
+    'scan.watermark.idle-timeout' = '${idle_timeout}',
+    'format' = 'json',
+    'json.ignore-parse-errors' = 'true',
+    'json.timestamp-format.standard' = 'ISO-8601'
+);
+
+CREATE TEMPORARY TABLE rum_events (
+    event_id      STRING,
+    ts            TIMESTAMP_LTZ(3),
+    trace_id      STRING,
+    e2e_ms        DOUBLE,
+    WATERMARK FOR ts AS ts - INTERVAL '${out_of_orderness_s}' SECOND
+) WITH (
+    'connector' = 'kafka',
+    'topic' = '${rum_topic}',
+    'properties.bootstrap.servers' = '${bootstrap}',
+    'properties.group.id' = '${group_id}',
+    'properties.isolation.level' = 'read_committed',
+    'scan.startup.mode' = 'earliest-offset',
+    'scan.bounded.mode' = '${bounded_mode}',
+    'scan.watermark.idle-timeout' = '${idle_timeout}',
+    'format' = 'json',
+    'json.ignore-parse-errors' = 'true',
+    'json.timestamp-format.standard' = 'ISO-8601'
+);

@@ -1,0 +1,59 @@
+-- Window rows and late events go back to Kafka (Flink has no usable ClickHouse sink from
+-- Python). With checkpointing on, 'exactly-once' writes each checkpoint's rows in one
+-- Kafka transaction committed when the checkpoint completes; the loader reads
+-- read_committed, so rows of a crashed attempt are never seen. All three kinds share the
+-- windows topic and are told apart by `kind`; each sink has its own transactional ids.
+CREATE TEMPORARY TABLE inference_window_sink (
+    kind STRING, experiment STRING, `variant` STRING,
+    window_start TIMESTAMP_LTZ(3), window_end TIMESTAMP_LTZ(3),
+    n BIGINT, errors BIGINT,
+    e2e_sum DOUBLE, e2e_sumsq DOUBLE, ttft_sum DOUBLE, ttft_sumsq DOUBLE,
+    tpot_n BIGINT, tpot_sum DOUBLE, tpot_sumsq DOUBLE,
+    cost_sum DOUBLE, cost_sumsq DOUBLE,
+    prompt_tokens_sum DOUBLE, prompt_tokens_sumsq DOUBLE,
+    output_tokens_sum DOUBLE, output_tokens_sumsq DOUBLE,
+    e2e_p50 DOUBLE, e2e_p95 DOUBLE, e2e_p99 DOUBLE,
+    ttft_p50 DOUBLE, ttft_p95 DOUBLE, ttft_p99 DOUBLE,
+    emitted_at TIMESTAMP_LTZ(3)
+) WITH (
+    'connector' = 'kafka',
+    'topic' = '${windows_topic}',
+    'properties.bootstrap.servers' = '${bootstrap}',
+    'properties.transaction.timeout.ms' = '${transaction_timeout_ms}',
+    'sink.delivery-guarantee' = '${delivery_guarantee}',
+    'sink.transactional-id-prefix' = '${transactional_id_prefix}-inference',
+    'format' = 'json',
+    'json.timestamp-format.standard' = 'ISO-8601'
+);
+
+CREATE TEMPORARY TABLE rum_window_sink (
+    kind STRING, experiment STRING, `variant` STRING,
+    window_start TIMESTAMP_LTZ(3), window_end TIMESTAMP_LTZ(3),
+    n BIGINT, e2e_sum DOUBLE, e2e_sumsq DOUBLE,
+    e2e_p50 DOUBLE, e2e_p95 DOUBLE, e2e_p99 DOUBLE,
+    emitted_at TIMESTAMP_LTZ(3)
+) WITH (
+    'connector' = 'kafka',
+    'topic' = '${windows_topic}',
+    'properties.bootstrap.servers' = '${bootstrap}',
+    'properties.transaction.timeout.ms' = '${transaction_timeout_ms}',
+    'sink.delivery-guarantee' = '${delivery_guarantee}',
+    'sink.transactional-id-prefix' = '${transactional_id_prefix}-rum',
+    'format' = 'json',
+    'json.timestamp-format.standard' = 'ISO-8601'
+);
+
+CREATE TEMPORARY TABLE late_sink (
+    kind STRING, event_type STRING, event_id STRING, trace_id STRING,
+    experiment STRING, `variant` STRING, ts TIMESTAMP_LTZ(3), `watermark` TIMESTAMP_LTZ(3),
+    e2e_ms DOUBLE
+) WITH (
+    'connector' = 'kafka',
+    'topic' = '${windows_topic}',
+    'properties.bootstrap.servers' = '${bootstrap}',
+    'properties.transaction.timeout.ms' = '${transaction_timeout_ms}',
+    'sink.delivery-guarantee' = '${delivery_guarantee}',
+    'sink.transactional-id-prefix' = '${transactional_id_prefix}-late',
+    'format' = 'json',
+    'json.timestamp-format.standard' = 'ISO-8601'
+);

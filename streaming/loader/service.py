@@ -1,0 +1,230 @@
+"""The Kafka → ClickHouse loader.
+
+Reads the typed raw-event topics and the Flink job's windows topic with
+``isolation_level=read_committed`` (rows of an aborted Flink transaction are never seen),
+batches the rows per table, inserts them, and only then commits the consumer offsets.
+A crash between insert and commit redelivers the batch; the tables are
+ReplacingMergeTrees keyed by ``event_id`` / the window key, so the second copy replaces
+the first and queries (``FINAL``) count it once: at-least-once delivery, exactly-once
+effect.
+
+Refused records (malformed JSON, wrong types, unknown experiment, oversized) are written to
+the dead-letter topic with their reason, stored in ``dead_letters`` and counted in
+:class:`LoaderStats`; the loader keeps going.
+
+chDB allows one process per data directory, so in embedded mode the API process runs
+``Loader(client, bootstrap).run(stop_event)`` in a background thread; ``ablab loader`` runs
+it as its own process against a ClickHouse server.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ablab.streaming.events import Rejection, dead_letter_record
+from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, EVENT_TOPICS, WINDOWS_TOPIC
+from ablab.streaming.loader.rows import TABLE_COLUMNS, Routed, route
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+log = logging.getLogger(__name__)
+DEFAULT_TOPICS = (*EVENT_TOPICS.values(), WINDOWS_TOPIC)
+
+
+@dataclass
+class LoaderStats:
+    """Counters since start (read by /metrics and the CLI)."""
+
+    consumed: int = 0
+    batches: int = 0
+    loaded: Counter[str] = field(default_factory=Counter)
+    dead_lettered: Counter[str] = field(default_factory=Counter)
+    last_flush_at: float | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "consumed": self.consumed,
+            "batches": self.batches,
+            "loaded": dict(self.loaded),
+            "dead_lettered": dict(self.dead_lettered),
+            "dead_lettered_total": sum(self.dead_lettered.values()),
+        }
+
+
+@dataclass(frozen=True)
+class _DeadLetter:
+    topic: str
+    partition: int
+    offset: int
+    rejection: Rejection
+    raw: bytes | None
+
+
+class Loader:
+    """Consume, batch, insert, commit; see the module docstring."""
+
+    def __init__(
+        self,
+        client: "Client",
+        bootstrap: str,
+        *,
+        group_id: str = "ablab-loader",
+        topics: Iterable[str] = DEFAULT_TOPICS,
+        windows_topic: str = WINDOWS_TOPIC,
+        deadletter_topic: str = DEADLETTER_TOPIC,
+        batch_max_records: int = 20_000,
+        batch_max_s: float = 0.5,
+        known_experiments: Callable[[], Collection[str]] | None = None,
+        known_experiments_refresh_s: float = 10.0,
+    ) -> None:
+        self.client = client
+        self.bootstrap = bootstrap
+        self.group_id = group_id
+        self.topics = tuple(topics)
+        self.windows_topic = windows_topic
+        self.deadletter_topic = deadletter_topic
+        self.batch_max_records = batch_max_records
+        self.batch_max_s = batch_max_s
+        self.stats = LoaderStats()
+        self._known_experiments = known_experiments
+        self._known_refresh_s = known_experiments_refresh_s
+        self._known: Collection[str] | None = None
+        self._known_at = 0.0
+        self._pending: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+        self._dead: list[_DeadLetter] = []
+        self._pending_count = 0
+        self._consumer: Any = None
+        self._producer: Any = None
+
+    # --- lifecycle -------------------------------------------------------------------
+
+    def _connect(self) -> None:
+        from kafka import KafkaConsumer, KafkaProducer
+
+        self._consumer = KafkaConsumer(
+            *self.topics,
+            bootstrap_servers=self.bootstrap,
+            group_id=self.group_id,
+            client_id=f"{self.group_id}-consumer",
+            enable_auto_commit=False,
+            auto_offset_reset="earliest",
+            isolation_level="read_committed",
+            max_poll_records=self.batch_max_records,
+            fetch_max_bytes=32 * 1024 * 1024,
+        )
+        self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=f"{self.group_id}-deadletter",
+                                       acks="all", linger_ms=20)
+
+    def close(self) -> None:
+        for handle in (self._consumer, self._producer):
+            if handle is not None:
+                try:
+                    handle.close()
+                except Exception:  # closing after a broker loss must not mask the real error
+                    log.exception("closing a Kafka handle failed")
+        self._consumer = self._producer = None
+
+    def run(self, stop_event: threading.Event, *, idle_exit_s: float | None = None) -> LoaderStats:
+        """Load until ``stop_event`` is set (or, with ``idle_exit_s``, after that long with no records)."""
+        if self._consumer is None:
+            self._connect()
+        last_record_at = time.monotonic()
+        batch_started = time.monotonic()
+        try:
+            while not stop_event.is_set():
+                got = self.poll_once(timeout_ms=200)
+                now = time.monotonic()
+                if got:
+                    last_record_at = now
+                if self._pending_count or self._dead:
+                    if self._pending_count + len(self._dead) >= self.batch_max_records or now - batch_started >= self.batch_max_s:
+                        self.flush()
+                        batch_started = time.monotonic()
+                else:
+                    batch_started = now
+                if idle_exit_s is not None and now - last_record_at >= idle_exit_s:
+                    break
+            self.flush()
+        finally:
+            self.close()
+        return self.stats
+
+    # --- one step --------------------------------------------------------------------
+
+    def poll_once(self, *, timeout_ms: int = 200) -> int:
+        """Poll one set of records into the pending batch; return how many arrived."""
+        if self._consumer is None:
+            self._connect()
+        polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=self.batch_max_records)
+        known = self._known_now()
+        count = 0
+        for partition, records in polled.items():
+            for record in records:
+                count += 1
+                routed = route(topic=partition.topic, value=record.value, partition=partition.partition,
+                               offset=record.offset, windows_topic=self.windows_topic, known_experiments=known)
+                if isinstance(routed, Routed):
+                    self._pending[routed.table].append(routed.row)
+                    self._pending_count += 1
+                else:
+                    self._dead.append(_DeadLetter(partition.topic, partition.partition, record.offset, routed, record.value))
+        self.stats.consumed += count
+        return count
+
+    def flush(self) -> None:
+        """Insert the pending rows, dead-letter the refused ones, then commit offsets."""
+        if not self._pending_count and not self._dead:
+            return
+        for table, rows in self._pending.items():
+            if rows:
+                self.client.insert(table, rows, column_names=list(TABLE_COLUMNS[table]))
+                self.stats.loaded[table] += len(rows)
+        if self._dead:
+            self._write_dead_letters(self._dead)
+        self._commit()
+        self._pending.clear()
+        self._dead = []
+        self._pending_count = 0
+        self.stats.batches += 1
+        self.stats.last_flush_at = time.time()
+
+    def _commit(self) -> None:
+        self._consumer.commit()
+
+    def _write_dead_letters(self, dead: list[_DeadLetter]) -> None:
+        rows = []
+        for item in dead:
+            self._producer.send(self.deadletter_topic, dead_letter_record(
+                raw=item.raw if item.raw is not None else b"", rejection=item.rejection, source=f"loader:{item.topic}"))
+            raw_text = (item.raw or b"")[:8192].decode("utf-8", errors="replace")
+            rows.append((item.topic, item.partition, item.offset, item.rejection.field, item.rejection.message, raw_text))
+            self.stats.dead_lettered[item.rejection.field] += 1
+            log.warning("dead-lettered %s[%d]@%d: %s: %s", item.topic, item.partition, item.offset,
+                        item.rejection.field, item.rejection.message)
+        self._producer.flush(timeout=30)
+        self.client.insert("dead_letters", rows,
+                           column_names=["topic", "kafka_partition", "kafka_offset", "field", "message", "raw"])
+
+    def _known_now(self) -> Collection[str] | None:
+        if self._known_experiments is None:
+            return None
+        now = time.monotonic()
+        if self._known is None or now - self._known_at >= self._known_refresh_s:
+            self._known = frozenset(self._known_experiments())
+            self._known_at = now
+        return self._known
+
+
+def start_in_thread(loader: Loader) -> tuple[threading.Thread, threading.Event]:
+    """Run ``loader`` in a daemon thread (the API's lifespan uses this in embedded mode)."""
+    stop = threading.Event()
+    thread = threading.Thread(target=loader.run, args=(stop,), name="ablab-loader", daemon=True)
+    thread.start()
+    return thread, stop

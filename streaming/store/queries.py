@@ -1,0 +1,148 @@
+"""Parameterized read queries over the ClickHouse store (for the stats engine and the API).
+
+Every value from a caller goes through clickhouse-connect ``parameters=`` (server-side
+``{name:Type}`` binding); nothing is formatted into SQL. Tables are ReplacingMergeTrees,
+so reads use ``FINAL``: a redelivered or replayed row is counted once even before merges.
+
+Feedback attribution: a label is joined to its request's inference event by ``trace_id``
+and counted in *that* event's variant and 10 s window, however late it arrived. When a
+request has several labels, the latest (by event time) wins.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+# Latest label per trace (correct may be null when only a score was given).
+_LABELS = """
+    SELECT trace_id,
+           argMax(correct, ts) AS label_correct,
+           argMax(score, ts)   AS label_score
+    FROM raw_events FINAL
+    WHERE type = 'feedback' AND correct IS NOT NULL
+    GROUP BY trace_id
+"""
+
+_INFERENCE = """
+    SELECT trace_id, variant, unit_id, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, error
+    FROM raw_events FINAL
+    WHERE type = 'inference' AND experiment = {experiment:String}
+"""
+
+
+def _rows(client: "Client", sql: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
+    result = client.query(sql, parameters=parameters)
+    return [dict(zip(result.column_names, row)) for row in result.result_rows]
+
+
+def variant_unit_aggregates(client: "Client", *, experiment: str) -> list[dict[str, Any]]:
+    """Per (variant, unit_id): request count, errors, sums and sums of squares of
+    e2e/ttft/tpot/cost, and labeled/correct counts of the requests' labels."""
+    sql = f"""
+        SELECT i.variant AS variant, i.unit_id AS unit_id,
+               count() AS n,
+               countIf(i.error IS NOT NULL) AS errors,
+               sum(i.e2e_ms) AS e2e_sum, sum(i.e2e_ms * i.e2e_ms) AS e2e_sumsq,
+               sum(i.ttft_ms) AS ttft_sum, sum(i.ttft_ms * i.ttft_ms) AS ttft_sumsq,
+               countIf(i.tpot_ms IS NOT NULL) AS tpot_n,
+               sumOrDefault(assumeNotNull(i.tpot_ms)) AS tpot_sum,
+               sumOrDefault(assumeNotNull(i.tpot_ms) * assumeNotNull(i.tpot_ms)) AS tpot_sumsq,
+               sum(i.cost_usd) AS cost_sum, sum(i.cost_usd * i.cost_usd) AS cost_sumsq,
+               countIf(l.trace_id != '') AS labeled,
+               sumIf(l.label_correct, l.trace_id != '') AS correct
+        FROM ({_INFERENCE}) AS i
+        LEFT JOIN ({_LABELS}) AS l ON l.trace_id = i.trace_id
+        GROUP BY variant, unit_id
+        ORDER BY variant, unit_id
+    """
+    rows = _rows(client, sql, {"experiment": experiment})
+    for row in rows:
+        row["tpot_sum"] = float(row["tpot_sum"]) if row["tpot_n"] else 0.0
+        row["tpot_sumsq"] = float(row["tpot_sumsq"]) if row["tpot_n"] else 0.0
+        row["correct"] = int(row["correct"] or 0)
+    return rows
+
+
+def feedback_by_window(client: "Client", *, experiment: str) -> list[dict[str, Any]]:
+    """Labels per (variant, window of the original request)."""
+    sql = f"""
+        SELECT i.variant AS variant,
+               toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
+               count() AS labeled, sum(l.label_correct) AS correct
+        FROM ({_INFERENCE}) AS i
+        INNER JOIN ({_LABELS}) AS l ON l.trace_id = i.trace_id
+        GROUP BY variant, window_start
+        ORDER BY window_start, variant
+    """
+    return _rows(client, sql, {"experiment": experiment})
+
+
+def window_rows(
+    client: "Client", *, experiment: str, start: datetime | None = None, end: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """The 10 s window rows of an experiment (for ``/timeseries``), oldest first, with the
+    RUM columns (``rum_*``) and the labels attributed to each window (``labeled``, ``correct``)."""
+    sql = f"""
+        SELECT w.experiment AS experiment, w.variant AS variant, w.window_start AS window_start,
+               w.window_end AS window_end, w.n AS n, w.errors AS errors,
+               w.e2e_sum AS e2e_sum, w.e2e_sumsq AS e2e_sumsq, w.ttft_sum AS ttft_sum, w.ttft_sumsq AS ttft_sumsq,
+               w.tpot_n AS tpot_n, w.tpot_sum AS tpot_sum, w.tpot_sumsq AS tpot_sumsq,
+               w.cost_sum AS cost_sum, w.cost_sumsq AS cost_sumsq,
+               w.prompt_tokens_sum AS prompt_tokens_sum, w.output_tokens_sum AS output_tokens_sum,
+               w.e2e_p50 AS e2e_p50, w.e2e_p95 AS e2e_p95, w.e2e_p99 AS e2e_p99,
+               w.ttft_p50 AS ttft_p50, w.ttft_p95 AS ttft_p95, w.ttft_p99 AS ttft_p99,
+               r.n AS rum_n, r.e2e_sum AS rum_e2e_sum, r.e2e_sumsq AS rum_e2e_sumsq, r.e2e_p95 AS rum_e2e_p95,
+               f.labeled AS labeled, f.correct AS correct,
+               w.emitted_at AS emitted_at, w.loaded_at AS loaded_at
+        FROM (SELECT * FROM window_stats FINAL WHERE experiment = {{experiment:String}}
+              AND window_start >= {{start:DateTime64(3, 'UTC')}} AND window_start < {{end:DateTime64(3, 'UTC')}}) AS w
+        LEFT JOIN (SELECT * FROM rum_window_stats FINAL WHERE experiment = {{experiment:String}}) AS r
+            ON r.variant = w.variant AND r.window_start = w.window_start
+        LEFT JOIN (
+            SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
+                   count() AS labeled, sum(l.label_correct) AS correct
+            FROM ({_INFERENCE}) AS i INNER JOIN ({_LABELS}) AS l ON l.trace_id = i.trace_id
+            GROUP BY variant, window_start
+        ) AS f ON f.variant = w.variant AND f.window_start = w.window_start
+        ORDER BY window_start, variant
+        SETTINGS join_use_nulls = 1
+    """
+    return _rows(client, sql, {
+        "experiment": experiment,
+        "start": start or datetime(1970, 1, 1),
+        "end": end or datetime(2200, 1, 1),
+    })
+
+
+def late_events(client: "Client", *, experiment: str) -> list[dict[str, Any]]:
+    sql = """
+        SELECT event_id, type, ts, trace_id, variant, window_start, watermark, e2e_ms
+        FROM late_events FINAL WHERE experiment = {experiment:String} ORDER BY ts, event_id
+    """
+    return _rows(client, sql, {"experiment": experiment})
+
+
+def reconciliation(client: "Client", *, experiment: str) -> dict[str, Any]:
+    """raw inference events = Σ window n + late inference events (the late-data policy).
+
+    ``balanced`` is true when the identity holds exactly.
+    """
+    sql = """
+        SELECT
+            (SELECT count() FROM raw_events FINAL WHERE type = 'inference' AND experiment = {experiment:String}) AS raw,
+            (SELECT sum(n) FROM window_stats FINAL WHERE experiment = {experiment:String}) AS windowed,
+            (SELECT count() FROM late_events FINAL WHERE type = 'inference' AND experiment = {experiment:String}) AS late
+    """
+    row = _rows(client, sql, {"experiment": experiment})[0]
+    raw, windowed, late = int(row["raw"]), int(row["windowed"] or 0), int(row["late"])
+    return {"raw": raw, "windowed": windowed, "late": late, "balanced": raw == windowed + late}
+
+
+def dead_letter_counts(client: "Client") -> dict[str, int]:
+    """Refused records per offending field."""
+    result = client.query("SELECT field, count() FROM dead_letters FINAL GROUP BY field ORDER BY field")
+    return {field: int(count) for field, count in result.result_rows}

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from . import _dist
 
 from .quantiles import QuantileEstimate
 from .sequential import confidence_sequence_halfwidth, msprt_p_value
@@ -70,14 +70,14 @@ def _finish(
         p = msprt_p_value(diff, var_diff, n_total, alpha=alpha, tuning_n=sequential)
         method = f"{method}+msprt"
     else:
-        crit = stats.t.ppf(1 - alpha / 2, df) if np.isfinite(df) else stats.norm.ppf(1 - alpha / 2)
+        crit = _dist.t_ppf(1 - alpha / 2, df) if np.isfinite(df) else _dist.norm_ppf(1 - alpha / 2)
         hw, hw_rel = crit * se, crit * se_rel
         if p_fixed is not None:
             p = p_fixed
         elif np.isfinite(df):
-            p = 2 * stats.t.sf(abs(diff) / se, df)
+            p = 2 * _dist.t_sf(abs(diff) / se, df)
         else:
-            p = 2 * stats.norm.sf(abs(diff) / se)
+            p = 2 * _dist.norm_sf(abs(diff) / se)
     return Comparison(
         method, control, variant, diff, (diff - hw, diff + hw), rel, (rel - hw_rel, rel + hw_rel), float(p), se
     )
@@ -133,7 +133,7 @@ def proportion_test(
         return _failed("two_proportion_z", pc, pt, "not_enough_data")
     pooled = (control.successes + variant.successes) / (control.n + variant.n)
     se_pooled = math.sqrt(pooled * (1 - pooled) * (1 / control.n + 1 / variant.n))
-    p_fixed = 2 * stats.norm.sf(abs(pt - pc) / se_pooled) if se_pooled > 0 else NAN
+    p_fixed = 2 * _dist.norm_sf(abs(pt - pc) / se_pooled) if se_pooled > 0 else NAN
     vc, vt = control.mean_variance, variant.mean_variance
     rel, var_rel = _relative(pc, pt, vc, vt)
     return _finish(
@@ -199,5 +199,5 @@ def quantile_test(
 def mean_ci(mean: float, mean_variance: float, *, alpha: float = 0.05) -> tuple[float, float]:
     if not np.isfinite(mean_variance) or mean_variance < 0:
         return NAN, NAN
-    hw = stats.norm.ppf(1 - alpha / 2) * math.sqrt(mean_variance)
+    hw = _dist.norm_ppf(1 - alpha / 2) * math.sqrt(mean_variance)
     return mean - hw, mean + hw

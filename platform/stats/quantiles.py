@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from . import _dist
 
 from .sufficient import HistogramStats
 
@@ -35,8 +35,8 @@ class QuantileEstimate:
 def _rank_bounds(n: int, p: float, alpha: float, design_effect: float) -> tuple[float, float]:
     n_eff = max(n / max(design_effect, 1.0), 1.0)
     scale = n / n_eff
-    lo = stats.binom.ppf(alpha / 2, math.floor(n_eff), p) * scale
-    hi = (stats.binom.ppf(1 - alpha / 2, math.floor(n_eff), p) + 1) * scale
+    lo = _dist.binom_ppf(alpha / 2, math.floor(n_eff), p) * scale
+    hi = (_dist.binom_ppf(1 - alpha / 2, math.floor(n_eff), p) + 1) * scale
     return max(1.0, math.floor(lo)), min(float(n), math.ceil(hi))
 
 
@@ -51,7 +51,7 @@ def quantile_ci(
     rank = max(1, math.ceil(n * quantile))  # the 'inverted CDF' definition
     lo_rank, hi_rank = _rank_bounds(n, quantile, alpha, design_effect)
     est, lo, hi = (float(v) for v in hist.order_statistic(np.array([rank, lo_rank, hi_rank])))
-    z = stats.norm.ppf(1 - alpha / 2)
+    z = _dist.norm_ppf(1 - alpha / 2)
     return QuantileEstimate(n, quantile, est, lo, hi, (hi - lo) / (2 * z))
 
 
@@ -61,6 +61,6 @@ def sample_quantile_ci(values: np.ndarray, quantile: float, *, alpha: float = 0.
     n = v.size
     rank = max(1, math.ceil(n * quantile))
     lo_rank, hi_rank = _rank_bounds(n, quantile, alpha, 1.0)
-    z = stats.norm.ppf(1 - alpha / 2)
+    z = _dist.norm_ppf(1 - alpha / 2)
     lo, hi = v[int(lo_rank) - 1], v[int(hi_rank) - 1]
     return QuantileEstimate(n, quantile, float(v[rank - 1]), float(lo), float(hi), float(hi - lo) / (2 * z))

@@ -144,3 +144,23 @@ def test_data_problems_are_error_codes_not_exceptions():
     assert res.error == "not_enough_data" and math.isnan(res.p_value)
     res = welch_test(SampleStats(10, 50, 250), SampleStats(10, 50, 250))
     assert res.error == "zero_variance"
+
+
+def test_light_distribution_functions_match_scipy_stats():
+    from ablab.platform.stats import _dist
+
+    for q in (0.001, 0.025, 0.5, 0.975, 0.999):
+        for n, p in ((10, 0.5), (1000, 0.95), (123_457, 0.99), (7, 0.01)):
+            assert _dist.binom_ppf(q, n, p) == stats.binom.ppf(q, n, p)
+        assert _dist.t_ppf(q, 17.5) == pytest.approx(stats.t.ppf(q, 17.5), abs=1e-9)
+    assert _dist.chi2_sf(7.3, 3) == pytest.approx(stats.chi2.sf(7.3, 3), abs=1e-12)
+
+
+def test_coverage_homogeneity_matches_chi2_contingency():
+    from ablab.platform.stats.corrections import homogeneity_test
+
+    labeled, requests = {"a": 200, "b": 260, "c": 240}, {"a": 1000, "b": 1010, "c": 990}
+    table = [[200, 260, 240], [800, 750, 750]]
+    assert homogeneity_test(labeled, requests) == pytest.approx(
+        stats.chi2_contingency(table, correction=False)[1], abs=TOL
+    )

@@ -1,0 +1,123 @@
+"""From per-(variant, unit) aggregate rows to per-variant sufficient statistics.
+
+Input is what ``GROUP BY experiment, variant, unit_id`` returns (columns in
+:mod:`.metrics`), as a pandas DataFrame or a dict of numpy arrays. Everything is
+vectorized with ``np.bincount`` over variant codes, so a million units take
+milliseconds. Pure: arrays in, dataclasses out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .metrics import HISTOGRAM_SOURCES, METRICS, UNIT_COLUMNS
+from .sufficient import CupedStats, HistogramStats, RatioStats
+
+OPTIONAL_COLUMNS = {"e2e_ms_sq", "ttft_ms_sq"}
+
+
+@dataclass(frozen=True, eq=False)
+class VariantStats:
+    """Everything the engine reads about one variant."""
+
+    units: float
+    ratios: Mapping[str, RatioStats]  # metric (and "coverage") → x/y over units
+    cuped: Mapping[str, CupedStats] = field(default_factory=dict)
+    histograms: Mapping[str, HistogramStats] = field(default_factory=dict)  # latency → histogram
+    request_sumsq: Mapping[str, float] = field(default_factory=dict)  # latency → Σ request²
+    duration_s: float | None = None
+
+    def __add__(self, other: "VariantStats") -> "VariantStats":
+        def merge(a: Mapping, b: Mapping) -> dict:
+            return {k: a[k] + b[k] if k in a and k in b else a.get(k, b.get(k)) for k in {*a, *b}}
+
+        duration = None if self.duration_s is None or other.duration_s is None else self.duration_s + other.duration_s
+        return VariantStats(
+            self.units + other.units,
+            merge(self.ratios, other.ratios),
+            merge(self.cuped, other.cuped),
+            merge(self.histograms, other.histograms),
+            merge(self.request_sumsq, other.request_sumsq),
+            duration,
+        )
+
+    def design_effect(self, latency: str) -> float:
+        """Clustered / naive variance of the request-level mean (≥ 1); 1 when unknown."""
+        r = self.ratios.get(latency)
+        sumsq = self.request_sumsq.get(latency)
+        if r is None or sumsq is None or r.sum_y < 2:
+            return 1.0
+        naive = (sumsq - r.sum_x**2 / r.sum_y) / (r.sum_y - 1) / r.sum_y
+        clustered = r.mean_variance
+        if not (naive > 0 and math.isfinite(clustered)):
+            return 1.0
+        return max(1.0, clustered / naive)
+
+
+def _column(units: Any, name: str) -> np.ndarray:
+    try:
+        col = units[name]
+    except KeyError:
+        raise ValueError(f"per-unit aggregates lack column {name!r}") from None
+    return np.asarray(col, dtype=float)
+
+
+def _has(units: Any, name: str) -> bool:
+    return name in (units.columns if hasattr(units, "columns") else units)
+
+
+def variant_stats_from_units(
+    units: Any,
+    *,
+    histograms: Mapping[str, Mapping[str, HistogramStats]] | None = None,
+    durations: Mapping[str, float] | None = None,
+    cuped: bool = True,
+) -> dict[str, VariantStats]:
+    """Per-variant sufficient statistics from per-unit rows (``variant`` column + UNIT_COLUMNS)."""
+    labels, codes = np.unique(np.asarray(units["variant"]).astype(str), return_inverse=True)
+    k = labels.size
+    count = np.bincount(codes, minlength=k).astype(float)
+    cols = {c: _column(units, c) for c in UNIT_COLUMNS if c not in OPTIONAL_COLUMNS or _has(units, c)}
+
+    def s(v: np.ndarray) -> np.ndarray:
+        return np.bincount(codes, weights=v, minlength=k)
+
+    pairs = {m.name: (m.numerator, m.denominator) for m in METRICS.values() if m.kind != "quantile"}
+    pairs["coverage"] = ("labeled", "requests")
+    sums: dict[str, tuple[np.ndarray, ...]] = {}
+    for name, (xn, yn) in pairs.items():
+        x, y = cols[xn], cols[yn]
+        sums[name] = (s(x), s(x * x), s(y), s(y * y), s(x * y))
+
+    cuped_sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    if cuped:
+        for name, (xn, yn) in pairs.items():
+            if name != "coverage" and _has(units, f"pre_{xn}") and _has(units, f"pre_{yn}"):
+                m = np.vstack([cols[xn], cols[yn], _column(units, f"pre_{xn}"), _column(units, f"pre_{yn}")])
+                first = np.vstack([s(row) for row in m])
+                cross = np.stack([s(m[i] * m[j]) for i in range(4) for j in range(4)])
+                cuped_sums[name] = (first, cross)
+
+    sumsq = {lat: s(cols[f"{lat}_sq"]) for lat in HISTOGRAM_SOURCES if f"{lat}_sq" in cols}
+    out: dict[str, VariantStats] = {}
+    for i, label in enumerate(labels):
+        ratios = {name: RatioStats(count[i], *(float(a[i]) for a in arrs)) for name, arrs in sums.items()}
+        cu = {
+            name: CupedStats(count[i], tuple(map(float, first[:, i])), tuple(map(float, cross[:, i])))
+            for name, (first, cross) in cuped_sums.items()
+            if first[3, i] > 0
+        }
+        out[str(label)] = VariantStats(
+            units=float(count[i]),
+            ratios=ratios,
+            cuped=cu,
+            histograms=dict((histograms or {}).get(str(label), {})),
+            request_sumsq={lat: float(v[i]) for lat, v in sumsq.items()},
+            duration_s=(durations or {}).get(str(label)),
+        )
+    return out

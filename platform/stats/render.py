@@ -1,0 +1,95 @@
+"""Render an analysis result: a rich table for people, flat rows for CSV export (pure)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+from collections.abc import Mapping
+from typing import Any
+
+CSV_FIELDS = (
+    "experiment", "metric", "variant", "n", "units", "estimate", "ci_lo", "ci_hi", "abs_diff", "abs_ci_lo",
+    "abs_ci_hi", "rel_diff", "rel_ci_lo", "rel_ci_hi", "p_value", "p_value_adjusted", "method", "coverage", "error",
+)
+
+
+def _num(x: Any, digits: int = 4) -> str:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return "–"
+    if isinstance(x, float):
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _pct(x: Any) -> str:
+    return "–" if x is None else f"{100 * x:+.2f}%"
+
+
+def flat_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for r in result["metrics"]:
+        rows.append({
+            "experiment": result["experiment"], "metric": r["metric"], "variant": r["variant"], "n": r["n"],
+            "units": r.get("units"), "estimate": r["estimate"], "ci_lo": r["ci"][0], "ci_hi": r["ci"][1],
+            "abs_diff": r["abs_diff"], "abs_ci_lo": r["abs_ci"][0], "abs_ci_hi": r["abs_ci"][1],
+            "rel_diff": r["rel_diff"], "rel_ci_lo": r["rel_ci"][0], "rel_ci_hi": r["rel_ci"][1],
+            "p_value": r["p_value"], "p_value_adjusted": r.get("p_value_adjusted"), "method": r["method"],
+            "coverage": r.get("coverage"), "error": r.get("error"),
+        })
+    return rows
+
+
+def to_csv(result: Mapping[str, Any]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=CSV_FIELDS, lineterminator="\n")
+    writer.writeheader()
+    for row in flat_rows(result):
+        writer.writerow({k: "" if v is None else v for k, v in row.items()})
+    return buf.getvalue()
+
+
+def rich_tables(result: Mapping[str, Any]) -> list[Any]:
+    from rich.table import Table
+
+    srm = result["srm"]
+    head = Table(title=f"experiment {result['experiment']} — control {result['control']}", show_header=False)
+    head.add_row("SRM", f"p = {_num(srm['p_value'])}" + ("  [bold red]MISMATCH[/]" if srm["flagged"] else "  ok"))
+    cov = result.get("coverage") or {}
+    if cov:
+        shares = ", ".join(f"{k} {_num(v['coverage'], 3)}" for k, v in cov["by_variant"].items())
+        head.add_row("label coverage", shares + ("  [bold red]DIFFERS[/]" if cov.get("flagged") else ""))
+    inf = result.get("inference") or {}
+    head.add_row("inference", f"{inf.get('method')} · correction {inf.get('correction')} · α = {result.get('alpha')}")
+
+    metrics = Table(title="metrics")
+    for col in ("metric", "variant", "n", "estimate", "CI", "Δ", "Δ%", "Δ% CI", "p", "p adj", "method"):
+        metrics.add_column(col, justify="left" if col in ("metric", "variant", "method") else "right")
+    for r in result["metrics"]:
+        p_adj = r.get("p_value_adjusted")
+        style = "bold green" if p_adj is not None and p_adj < result.get("alpha", 0.05) else None
+        metrics.add_row(
+            r["metric"], r["variant"], _num(r["n"], 6), _num(r["estimate"]),
+            f"[{_num(r['ci'][0])}, {_num(r['ci'][1])}]", _num(r["abs_diff"]), _pct(r["rel_diff"]),
+            "–" if r["rel_ci"][0] is None else f"[{_pct(r['rel_ci'][0])}, {_pct(r['rel_ci'][1])}]",
+            _num(r["p_value"], 3), _num(p_adj, 3), r["method"] + (f" ({r['error']})" if r.get("error") else ""),
+            style=style,
+        )
+    tables = [head, metrics]
+    if result.get("guardrails"):
+        g = Table(title="guardrails")
+        for col in ("variant", "metric", "kind", "status", "reason"):
+            g.add_column(col)
+        colour = {"pass": "green", "fail": "bold red", "inconclusive": "yellow"}
+        for row in result["guardrails"]:
+            g.add_row(row["variant"], row["metric"], row["kind"], f"[{colour[row['status']]}]{row['status']}[/]", row["reason"])
+        tables.append(g)
+    d = Table(title="decisions")
+    d.add_column("variant")
+    d.add_column("decision")
+    d.add_column("reasons")
+    colour = {"ship": "bold green", "no_ship": "bold red", "keep_running": "yellow"}
+    for row in result.get("decisions", []):
+        d.add_row(row["variant"], f"[{colour.get(row['decision'], 'white')}]{row['decision']}[/]", "\n".join(row["reasons"]))
+    tables.append(d)
+    return tables

@@ -42,11 +42,11 @@ def _quantile(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> QuantileE
     return quantile_ci(hist, m.quantile, alpha=spec.alpha, design_effect=deff)
 
 
-def _arm(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> dict[str, Any]:
-    """The variant's own estimate, its interval, and how many observations it rests on."""
+def arm_estimate(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> tuple[float, float, float, tuple[float, float]]:
+    """(estimate, variance of the estimate, n, interval) of one variant's own metric value."""
     if m.kind == "quantile":
         q = _quantile(spec, m, vs)
-        return {"n": q.n, "estimate": q.estimate, "ci": [q.lo, q.hi]}
+        return q.estimate, q.se**2, float(q.n), (q.lo, q.hi)
     r = vs.ratios[m.name]
     if spec.request_randomized and m.kind == "mean":
         var = _as_sample(r).mean_variance
@@ -55,7 +55,12 @@ def _arm(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> dict[str, Any]
     else:
         var = r.mean_variance
     est = r.ratio
-    return {"n": r.sum_y, "estimate": est, "ci": list(mean_ci(est, var, alpha=spec.alpha))}
+    return est, var, r.sum_y, mean_ci(est, var, alpha=spec.alpha)
+
+
+def _arm(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> dict[str, Any]:
+    est, _, n, ci = arm_estimate(spec, m, vs)
+    return {"n": n, "estimate": est, "ci": list(ci)}
 
 
 def compare_metric(spec: ExperimentSpec, m: MetricDef, control: VariantStats, variant: VariantStats) -> Comparison:
@@ -84,11 +89,11 @@ def _coverage(spec: ExperimentSpec, stats: Mapping[str, VariantStats]) -> dict[s
     return {"by_variant": by_variant, "p_value": p, "flagged": bool(math.isfinite(p) and p < spec.coverage_alpha)}
 
 
-def _json_ready(value: Any) -> Any:
+def json_ready(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
+        return {k: json_ready(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_json_ready(v) for v in value]
+        return [json_ready(v) for v in value]
     if isinstance(value, (np.bool_, bool)):
         return bool(value)
     if isinstance(value, (np.integer,)):
@@ -99,7 +104,7 @@ def _json_ready(value: Any) -> Any:
     return value
 
 
-def _empty_variant() -> VariantStats:
+def empty_variant() -> VariantStats:
     names = [m.name for m in METRICS.values() if m.kind != "quantile"] + ["coverage"]
     return VariantStats(0.0, {n: RatioStats() for n in names})
 
@@ -112,7 +117,7 @@ def analyze(
     extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The CONTRACTS analysis object for one experiment (JSON-ready)."""
-    stats = {v.key: stats.get(v.key) or _empty_variant() for v in spec.variants}
+    stats = {v.key: stats.get(v.key) or empty_variant() for v in spec.variants}
     unit_counts = exposures if exposures is not None else {k: s.units for k, s in stats.items()}
     srm = srm_check(unit_counts, spec.weights)
     control = stats[spec.control]
@@ -179,4 +184,4 @@ def analyze(
     }
     if extra:
         result.update(extra)
-    return _json_ready(result)
+    return json_ready(result)

@@ -1,0 +1,215 @@
+"""Attribution: which variants are worth having, and which strategy factors earned the gain.
+
+1. The Pareto frontier over latency (min), cost (min) and accuracy (max).
+2. Factor effects: weighted least squares of the variants' estimates on treatment-coded
+   factor dummies (baseline = the control's levels) plus every identifiable interaction.
+   In a full 2^k factorial the fit is saturated: a main effect is the factor's effect with
+   the others at control levels; an interaction is the departure from additivity.
+3. Exact Shapley decomposition of the best variant's gain over control into factor shares:
+   v(S) is the value with the factors in S switched to the best variant's levels (the
+   observed variant where it exists, the fitted model otherwise), and by construction
+   v(all) − v(none) is the observed gain, so the shares sum to it exactly.
+
+Everything is linear in the variants' estimates, so every effect and share carries a
+variance Σ wᵢ² Var(estimateᵢ) over independent arms and gets a normal interval.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from . import _dist
+from .aggregates import VariantStats
+from .engine import arm_estimate, empty_variant, json_ready
+from .metrics import METRICS
+from .spec import ExperimentSpec
+
+PARETO_OBJECTIVES = {"e2e_ms": "min", "cost_usd": "min", "accuracy": "max"}
+ATTRIBUTION_METRICS = ("e2e_ms", "accuracy", "cost_usd")
+
+
+def pareto_frontier(points: Mapping[str, Mapping[str, float]], objectives: Mapping[str, str] = PARETO_OBJECTIVES) -> list[dict[str, Any]]:
+    """Each point with ``on_frontier`` and the variants that dominate it. Missing values rank worst."""
+
+    def value(v: str, k: str) -> float:
+        x = points[v].get(k)
+        bad = math.inf if objectives[k] == "min" else -math.inf
+        return bad if x is None or not math.isfinite(x) else float(x)
+
+    def better_or_equal(a: str, b: str, k: str) -> bool:
+        return value(a, k) <= value(b, k) if objectives[k] == "min" else value(a, k) >= value(b, k)
+
+    out = []
+    for v in points:
+        dominators = [
+            o for o in points
+            if o != v and all(better_or_equal(o, v, k) for k in objectives)
+            and any(value(o, k) != value(v, k) for k in objectives)
+        ]
+        out.append({"variant": v, **{k: points[v].get(k) for k in objectives}, "on_frontier": not dominators, "dominated_by": dominators})
+    return out
+
+
+def varying_factors(levels: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    names = sorted({f for lv in levels.values() for f in lv})
+    return [f for f in names if len({repr(lv.get(f)) for lv in levels.values()}) > 1]
+
+
+def _dummies(levels, control, factors):
+    """Columns (factor, level) for every non-control level present."""
+    cols = []
+    for f in factors:
+        base = levels[control].get(f)
+        seen = []
+        for v in levels:
+            lv = levels[v].get(f)
+            if lv != base and lv not in seen:
+                seen.append(lv)
+        cols += [(f, lv) for lv in seen]
+    return cols
+
+
+def _design(levels, variants, control, factors):
+    """Treatment-coded design with the identifiable interactions (greedy by order, full rank kept)."""
+    dummies = _dummies(levels, control, factors)
+    indicator = {d: np.array([1.0 if levels[v].get(d[0]) == d[1] else 0.0 for v in variants]) for d in dummies}
+    terms: list[tuple[tuple[str, Any], ...]] = [()]
+    cols = [np.ones(len(variants))]
+    for order in range(1, len(factors) + 1):
+        for combo in itertools.combinations(dummies, order):
+            if len({f for f, _ in combo}) < order:
+                continue  # two levels of one factor never co-occur
+            col = np.prod([indicator[d] for d in combo], axis=0)
+            if not col.any():
+                continue
+            trial = np.column_stack([*cols, col])
+            if np.linalg.matrix_rank(trial) == trial.shape[1]:
+                terms.append(combo)
+                cols.append(col)
+    return terms, np.column_stack(cols)
+
+
+def _term_name(term) -> str:
+    return " × ".join(f"{f}={lv}" for f, lv in term) if term else "intercept"
+
+
+def _normal(est: float, var: float, alpha: float) -> dict[str, Any]:
+    if not (math.isfinite(var) and var > 0):
+        return {"estimate": est, "ci": [math.nan, math.nan], "p_value": math.nan}
+    se = math.sqrt(var)
+    z = float(_dist.norm_ppf(1 - alpha / 2))
+    return {"estimate": est, "ci": [est - z * se, est + z * se], "p_value": float(2 * _dist.norm_sf(abs(est) / se))}
+
+
+def factorial_analysis(
+    *,
+    levels: Mapping[str, Mapping[str, Any]],
+    estimates: Mapping[str, float],
+    variances: Mapping[str, float],
+    control: str,
+    lower_is_better: bool,
+    alpha: float = 0.05,
+) -> dict[str, Any]:
+    """Factor effects (with CIs) and the exact Shapley split of the best variant's gain."""
+    variants = [v for v in levels if math.isfinite(estimates.get(v, math.nan)) and variances.get(v, 0) > 0]
+    if control not in variants or len(variants) < 2:
+        return {"error": "not_enough_data", "effects": [], "shapley": None}
+    factors = varying_factors({v: levels[v] for v in variants})
+    y = np.array([estimates[v] for v in variants])
+    var = np.array([variances[v] for v in variants])
+    terms, X = _design(levels, variants, control, factors)
+    W = np.diag(1 / var)
+    A = np.linalg.solve(X.T @ W @ X, X.T @ W)  # β = A y: each coefficient is linear in the estimates
+    beta = A @ y
+    effects = [
+        {"term": _term_name(t), "factors": [f for f, _ in t], "order": len(t), **_normal(float(b), float((a**2 * var).sum()), alpha)}
+        for t, b, a in zip(terms[1:], beta[1:], A[1:])
+    ]
+    treatments = [v for v in variants if v != control]
+    best = min(treatments, key=lambda v: estimates[v]) if lower_is_better else max(treatments, key=lambda v: estimates[v])
+    return {
+        "factors": factors,
+        "design": "saturated" if X.shape[0] == X.shape[1] else "partial",
+        "effects": effects,
+        "shapley": _shapley(levels, variants, control, best, factors, terms, A, y, var, alpha),
+    }
+
+
+def _shapley(levels, variants, control, best, factors, terms, A, y, var, alpha) -> dict[str, Any]:
+    players = [f for f in factors if levels[best].get(f) != levels[control].get(f)]
+    index = {v: i for i, v in enumerate(variants)}
+    e_control = np.eye(len(variants))[index[control]]
+
+    def cell_weights(subset: frozenset[str]) -> np.ndarray:
+        """Weights over the estimates giving v(S) = value(cell S) − value(control)."""
+        cell = {f: (levels[best].get(f) if f in subset else levels[control].get(f)) for f in factors}
+        for v in variants:  # an observed variant at exactly this cell
+            if all(levels[v].get(f) == cell[f] for f in factors):
+                return np.eye(len(variants))[index[v]] - e_control
+        row = np.array([1.0 if all(cell[f] == lv for f, lv in t) else 0.0 for t in terms])
+        return row @ A - e_control
+
+    n = len(players)
+    cache = {frozenset(s): cell_weights(frozenset(s)) for r in range(n + 1) for s in itertools.combinations(players, r)}
+    shares = []
+    for p in players:
+        others = [q for q in players if q != p]
+        w = np.zeros(len(variants))
+        for r in range(n):
+            coef = math.factorial(r) * math.factorial(n - r - 1) / math.factorial(n)
+            for s in itertools.combinations(others, r):
+                w += coef * (cache[frozenset(s) | {p}] - cache[frozenset(s)])
+        shares.append((p, w))
+    total_w = cache[frozenset(players)]
+    total = float(total_w @ y)
+    out = []
+    for p, w in shares:
+        share = float(w @ y)
+        out.append({"factor": p, "from": levels[control].get(p), "to": levels[best].get(p),
+                    **_normal(share, float((w**2 * var).sum()), alpha),
+                    "fraction": share / total if total else math.nan})
+    return {"best_variant": best, "total": _normal(total, float((total_w**2 * var).sum()), alpha), "shares": out,
+            "sum_of_shares": float(sum(s["estimate"] for s in out))}
+
+
+def strategy_levels(spec: ExperimentSpec) -> dict[str, dict[str, Any]]:
+    """Flat factor → level map per variant via the Strategy schema (defaults filled in)."""
+    from ablab.platform.strategy import Strategy
+
+    return {v.key: Strategy.model_validate(dict(v.strategy)).factors() for v in spec.variants}
+
+
+def attribute(
+    *,
+    spec: ExperimentSpec,
+    stats: Mapping[str, VariantStats],
+    levels: Mapping[str, Mapping[str, Any]] | None = None,
+    metrics: Sequence[str] = ATTRIBUTION_METRICS,
+) -> dict[str, Any]:
+    """The ``GET /v1/experiments/{key}/attribution`` object (JSON-ready)."""
+    stats = {v.key: stats.get(v.key) or empty_variant() for v in spec.variants}
+    levels = dict(levels) if levels is not None else strategy_levels(spec)
+    arms = {name: {v: arm_estimate(spec, METRICS[name], s) for v, s in stats.items()} for name in {*metrics, *PARETO_OBJECTIVES}}
+    points = {v: {k: arms[k][v][0] for k in PARETO_OBJECTIVES} for v in stats}
+    factorial = {}
+    for name in metrics:
+        factorial[name] = factorial_analysis(
+            levels=levels,
+            estimates={v: a[0] for v, a in arms[name].items()},
+            variances={v: a[1] for v, a in arms[name].items()},
+            control=spec.control,
+            lower_is_better=METRICS[name].lower_is_better,
+            alpha=spec.alpha,
+        )
+    return json_ready({
+        "experiment": spec.key,
+        "control": spec.control,
+        "pareto": {"objectives": PARETO_OBJECTIVES, "points": pareto_frontier(points)},
+        "factors": {v: {f: levels[v].get(f) for f in varying_factors(levels)} for v in levels},
+        "factorial": factorial,
+    })

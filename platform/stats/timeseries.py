@@ -1,0 +1,86 @@
+"""Shape 10 s window rows into per-variant series for ``GET …/timeseries?metric=M``.
+
+Input rows carry the window table's columns (``migrations/clickhouse/0002_window_stats``
+as returned by ``ablab.streaming.store.queries.window_rows``): ``variant, window_start,
+n, errors, e2e_sum, e2e_sumsq, …, e2e_p95, …, labeled, correct``. Each point has the
+window's own value and CI, and the running (cumulative) value, which is what a
+sequential test looks at after every window. Window percentiles do not merge, so
+quantile metrics have no cumulative value. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any
+
+from .comparisons import mean_ci
+from .engine import json_ready
+from .sufficient import ProportionStats, SampleStats
+
+WINDOW_S = 10
+MEAN_COLUMNS = {
+    "e2e_ms": ("n", "e2e_sum", "e2e_sumsq"),
+    "ttft_ms": ("n", "ttft_sum", "ttft_sumsq"),
+    "tpot_ms": ("tpot_n", "tpot_sum", "tpot_sumsq"),
+    "cost_usd": ("n", "cost_sum", "cost_sumsq"),
+    "rum_e2e_ms": ("rum_n", "rum_e2e_sum", "rum_e2e_sumsq"),
+}
+PROPORTION_COLUMNS = {"error_rate": ("n", "errors"), "accuracy": ("labeled", "correct")}
+QUANTILE_COLUMNS = {
+    f"{base}_p{q}": (f"{short}_p{q}", count)
+    for base, short, count in (("e2e_ms", "e2e", "n"), ("ttft_ms", "ttft", "n"))
+    for q in (50, 95, 99)
+}
+TIMESERIES_METRICS = (*MEAN_COLUMNS, *PROPORTION_COLUMNS, *QUANTILE_COLUMNS)
+
+
+def _f(row: Mapping[str, Any], key: str) -> float:
+    v = row.get(key)
+    try:
+        return 0.0 if v is None else float(v)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def _iso(ts: Any) -> Any:
+    return ts.isoformat() if isinstance(ts, datetime) else ts
+
+
+def _point(stats: SampleStats | ProportionStats, alpha: float) -> dict[str, Any]:
+    return {"n": stats.n, "value": stats.mean, "ci": list(mean_ci(stats.mean, stats.mean_variance, alpha=alpha))}
+
+
+def timeseries(
+    rows: Iterable[Mapping[str, Any]], *, experiment: str, metric: str, alpha: float = 0.05
+) -> dict[str, Any]:
+    if metric not in TIMESERIES_METRICS:
+        raise ValueError(f"metric: {metric!r} has no window series; choose one of {', '.join(TIMESERIES_METRICS)}")
+    by_variant: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_variant[str(row["variant"])].append(row)
+    series = []
+    for variant in sorted(by_variant):
+        points = []
+        running: Any = None
+        for row in sorted(by_variant[variant], key=lambda r: r["window_start"]):
+            base = {"ts": _iso(row["window_start"])}
+            if metric in MEAN_COLUMNS:
+                n, s, ss = MEAN_COLUMNS[metric]
+                window = SampleStats(_f(row, n), _f(row, s), _f(row, ss))
+                running = window if running is None else running + window
+                points.append({**base, **_point(window, alpha), "cumulative": _point(running, alpha)})
+            elif metric in PROPORTION_COLUMNS:
+                n, k = PROPORTION_COLUMNS[metric]
+                window = ProportionStats(_f(row, n), _f(row, k))
+                running = window if running is None else running + window
+                points.append({**base, **_point(window, alpha), "cumulative": _point(running, alpha)})
+            else:
+                col, n = QUANTILE_COLUMNS[metric]
+                value = row.get(col)
+                points.append({**base, "n": _f(row, n), "value": value if value is not None and math.isfinite(float(value)) else None,
+                               "ci": [None, None], "cumulative": None})
+        series.append({"variant": variant, "points": points})
+    return json_ready({"experiment": experiment, "metric": metric, "window_s": WINDOW_S, "series": series})

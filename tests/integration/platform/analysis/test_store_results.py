@@ -1,0 +1,78 @@
+"""The results from the real ClickHouse engine (chDB) equal the offline analysis of the same events.
+
+chDB allows one data directory per process, so the store side runs in a child process.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from ablab.platform.stats.offline import analyze_events
+from ablab.platform.stats.spec import parse_spec
+from ablab.platform.stats.synthetic import spec_dict, synthetic_events, write_events
+
+pytestmark = pytest.mark.integration
+
+CHILD = textwrap.dedent("""
+    import json, sys
+    import pandas as pd
+    from ablab.streaming.store import apply_ddl, make_client
+    from ablab.platform.stats.spec import parse_spec
+    from ablab.platform.stats.store_query import results_from_store
+
+    store, events_path, spec_path = sys.argv[1:4]
+    client = make_client(f"chdb:///{store}")
+    apply_ddl(client)
+    ev = pd.read_parquet(events_path)
+    ev["event_id"] = [f"e{i}" for i in range(len(ev))]
+    ev["ts"] = ev["ts"].dt.floor("ms")
+    for col in ("trace_id", "experiment", "variant", "unit_id", "price_version", "source"):
+        ev[col] = ev[col].fillna("")
+    ev["strategy"] = "{}"
+    ev["payload"] = ""
+    ev["kafka_partition"] = 0
+    ev["kafka_offset"] = range(len(ev))
+    cols = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",
+            "tpot_ms", "cost_usd", "price_version", "error", "strategy", "correct", "source", "payload",
+            "kafka_partition", "kafka_offset"]
+    ev["correct"] = ev["correct"].astype("UInt8")
+    client.insert_df("raw_events", ev[cols])
+    spec = parse_spec(json.load(open(spec_path)))
+    print(json.dumps(results_from_store(client, spec)))
+""")
+
+
+def test_store_results_equal_offline_results(tmp_path):
+    events = synthetic_events(n_requests=20_000, n_units=2_000, seed=11)
+    events["ts"] = events["ts"].dt.floor("ms")  # the store keeps milliseconds
+    # a billing record that replaces one request's cost, on both sides
+    extra = events.iloc[[0]].copy()
+    extra["type"], extra["cost_usd"] = "cost", 0.5
+    events = __import__("pandas").concat([events, extra], ignore_index=True)
+    path = write_events(events, tmp_path / "ev.parquet")
+    spec_data = spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25},
+                          guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.03}])
+    (tmp_path / "spec.json").write_text(json.dumps(spec_data))
+    child = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tmp_path / "chdb"), str(path), str(tmp_path / "spec.json")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert child.returncode == 0, child.stderr[-3000:]
+    store = json.loads(child.stdout.strip().splitlines()[-1])
+    offline, _ = analyze_events(events, parse_spec(spec_data))
+
+    assert store["srm"]["p_value"] == pytest.approx(offline["srm"]["p_value"], rel=1e-9)
+    assert [d["decision"] for d in store["decisions"]] == [d["decision"] for d in offline["decisions"]]
+    off_rows = {(r["metric"], r["variant"]): r for r in offline["metrics"]}
+    for row in store["metrics"]:
+        ref = off_rows[(row["metric"], row["variant"])]
+        for key in ("n", "estimate", "abs_diff", "p_value"):
+            if ref[key] is None:
+                assert row[key] is None, (row["metric"], key)
+            else:
+                # sums are the same numbers added in another order; histogram buckets match
+                assert row[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-12), (row["metric"], row["variant"], key)
+        assert row["method"] == ref["method"]

@@ -1,0 +1,1 @@
+"""The small decoder-only transformer ablab serves, and loading its shipped weights."""

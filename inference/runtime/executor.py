@@ -1,0 +1,188 @@
+"""Executes prefill and decode steps of the shipped model under one runtime configuration.
+
+An :class:`Executor` is built once per (precision, sparse_ffn_k, kv_shards, adapters) and
+holds the variant's weights; it never decides *what* to run (that is the scheduler's
+job in :mod:`ablab.inference.engine`). KV caches live in a slot pool so a decode step
+over many sequences is one batched call.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ablab.inference.model.transformer import TinyLM
+from ablab.inference.runtime.attention import sharded_attention
+from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
+from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor, sparse_ffn
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
+
+
+@dataclass(frozen=True)
+class RuntimeConfig:
+    precision: str = "fp32"
+    sparse_ffn_k: int | None = None
+    kv_shards: int = 1
+
+
+class KVPool:
+    """Per-layer K and V tensors [slots, H, max_len, head_dim]; a sequence owns one slot."""
+
+    def __init__(self, *, n_layers: int, slots: int, n_heads: int, max_len: int, head_dim: int, dtype, device):
+        shape = (slots, n_heads, max_len, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.free = list(range(slots))[::-1]
+
+    def acquire(self) -> int:
+        if not self.free:
+            raise RuntimeError("KV pool exhausted: more active sequences than slots")
+        return self.free.pop()
+
+    def release(self, slot: int) -> None:
+        self.free.append(slot)
+        self.free.sort(reverse=True)  # hand out low slots first, so active slots stay contiguous
+
+
+def quantize_int8(model: TinyLM) -> TinyLM:
+    """Dynamic INT8: Linear weights stored int8, activations quantized per call (fbgemm)."""
+    from torch.ao.quantization import quantize_dynamic
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+
+
+class Executor:
+    def __init__(
+        self,
+        model: TinyLM,
+        *,
+        runtime: RuntimeConfig,
+        predictors: list[Predictor] | None = None,
+        adapters: dict[str, dict] | None = None,
+        device: str | torch.device = "cpu",
+    ):
+        cfg = model.cfg
+        self.cfg = cfg
+        self.runtime = runtime
+        self.device = torch.device(device)
+        self.dtype = DTYPES[runtime.precision]
+        fp = copy.deepcopy(model).to(self.device).eval()
+        if runtime.precision == "int8":
+            if self.device.type != "cpu":
+                raise ValueError("precision: int8 dynamic quantization runs on CPU only")
+            self.model = quantize_int8(fp)
+        else:
+            self.model = fp.to(self.dtype)
+        self.tables: list[FFNTables] = []
+        self.predictors: list[Predictor] = []
+        if runtime.sparse_ffn_k is not None:
+            if predictors is None:
+                raise ValueError("sparse_ffn_k: needs the shipped neuron predictor")
+            for blk in fp.blocks:
+                self.tables.append(FFNTables.from_linear(blk.up, blk.down, dtype=self.dtype, int8=runtime.precision == "int8"))
+            self.predictors = [Predictor(p.p1.to(self.device, self.dtype), p.p2.to(self.device, self.dtype)) for p in predictors]
+        self.bank = AdapterBank(adapters or {}, n_layers=cfg.n_layers, d_model=cfg.d_model, d_ff=cfg.d_ff, dtype=self.dtype)
+        for layer in self.bank.layers:
+            for key in layer:
+                layer[key] = layer[key].to(self.device)
+        self._tok_emb = self.model.tok_emb.weight
+        self._pos_emb = self.model.pos_emb.weight
+
+    # ------------------------------------------------------------------ caches
+    def new_pool(self, slots: int) -> KVPool:
+        c = self.cfg
+        return KVPool(n_layers=c.n_layers, slots=slots, n_heads=c.n_heads, max_len=c.max_len, head_dim=c.head_dim, dtype=self.dtype, device=self.device)
+
+    def adapter_row(self, name: str | None) -> int:
+        return self.bank.index(name)
+
+    # ------------------------------------------------------------------ steps
+    @torch.inference_mode()
+    def prefill(self, ids: list[int], *, pool: KVPool, slot: int, adapter: int = 0) -> torch.Tensor:
+        """Runs the prompt, fills the slot's cache, returns next-token logits [V] (float32)."""
+        t = len(ids)
+        if t >= self.cfg.max_len:
+            raise ValueError(f"prompt: {t} tokens leave no room to generate (max_len {self.cfg.max_len})")
+        tok = torch.tensor([ids], device=self.device)
+        x = (self._tok_emb.index_select(0, tok[0]) + self._pos_emb[:t]).unsqueeze(0)
+        causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()[None, None]
+        rows = torch.tensor([adapter], device=self.device)
+        for j in range(self.cfg.n_layers):
+            x = self._layer(j, x, pool=pool, slots=slice(slot, slot + 1), write_pos=None, tk=t, mask=causal, rows=rows)
+        return self._logits(x[:, -1])[0]
+
+    @torch.inference_mode()
+    def decode(self, tokens: list[int], *, pool: KVPool, slots: list[int], lengths: list[int], adapters: list[int]) -> torch.Tensor:
+        """One decode step for b sequences: token i goes at position lengths[i]. Logits [b, V]."""
+        b = len(tokens)
+        tk = max(lengths) + 1
+        if tk > self.cfg.max_len:
+            raise ValueError(f"sequence reached the model's max_len {self.cfg.max_len}")
+        tok = torch.tensor(tokens, device=self.device)
+        pos = torch.tensor(lengths, device=self.device)
+        x = (self._tok_emb.index_select(0, tok) + self._pos_emb.index_select(0, pos)).unsqueeze(1)  # [b, 1, d]
+        contiguous = slots == list(range(slots[0], slots[0] + b))
+        slot_index = slice(slots[0], slots[0] + b) if contiguous else torch.tensor(slots, device=self.device)
+        mask = None
+        if min(lengths) != max(lengths):
+            mask = (torch.arange(tk, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
+        rows = torch.tensor(adapters, device=self.device)
+        for j in range(self.cfg.n_layers):
+            x = self._layer(j, x, pool=pool, slots=slot_index, write_pos=pos, tk=tk, mask=mask, rows=rows)
+        return self._logits(x[:, 0])
+
+    # ------------------------------------------------------------------ internals
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return F.linear(self.model.ln_f(h), self._tok_emb).float()
+
+    def _layer(self, j: int, x: torch.Tensor, *, pool: KVPool, slots, write_pos, tk: int, mask, rows) -> torch.Tensor:
+        blk = self.model.blocks[j]
+        c = self.cfg
+        lora: LoRAWeights | None = self.bank.weights(j, rows)
+        b, t, d = x.shape
+        h = blk.ln1(x)
+        qkv = blk.qkv(h)
+        if lora is not None:
+            qkv = qkv + lora.delta("qkv", h)
+        q, k, v = qkv.view(b, t, 3, c.n_heads, c.head_dim).permute(2, 0, 3, 1, 4)
+        if isinstance(slots, slice):
+            k_cache, v_cache = pool.k[j][slots], pool.v[j][slots]  # views: writes land in the pool
+            rows_b = torch.arange(b, device=x.device)
+        else:
+            k_cache, v_cache = pool.k[j], pool.v[j]
+            rows_b = slots
+        if write_pos is None:  # prefill: positions 0..t-1
+            k_cache[:, :, :t] = k
+            v_cache[:, :, :t] = v
+            keys, values = k, v
+        else:
+            k_cache[rows_b, :, write_pos] = k[:, :, 0]
+            v_cache[rows_b, :, write_pos] = v[:, :, 0]
+            if isinstance(slots, slice):
+                keys, values = k_cache[:, :, :tk], v_cache[:, :, :tk]
+            else:
+                keys, values = k_cache[slots, :, :tk], v_cache[slots, :, :tk]
+        att = sharded_attention(q, keys, values, mask=mask, n_shards=self.runtime.kv_shards)
+        att = att.transpose(1, 2).reshape(b, t, d)
+        x = x + blk.out(att)
+        if lora is not None:
+            x = x + lora.delta("out", att)
+        h = blk.ln2(x)
+        if self.runtime.sparse_ffn_k is not None:
+            return x + sparse_ffn(h, tables=self.tables[j], predictor=self.predictors[j], k=self.runtime.sparse_ffn_k, lora=lora)
+        pre = blk.up(h)
+        if lora is not None:
+            pre = pre + lora.delta("up", h)
+        act = F.relu(pre)
+        out = blk.down(act)
+        if lora is not None:
+            out = out + lora.delta("down", act)
+        return x + out

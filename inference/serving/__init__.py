@@ -1,0 +1,1 @@
+"""Serving: the inference service (strategy → engines), events and sinks, the HTTP worker."""

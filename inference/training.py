@@ -1,0 +1,206 @@
+"""Training of everything ablab ships: the base model, the per-domain LoRA adapters and
+the sparse-FFN neuron predictor. Fixed seeds and fixed thread count make ``ablab train``
+reproduce the files in ``assets/`` (bitwise on the same torch build and thread count).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ablab.inference import tasks
+from ablab.inference.model.transformer import ModelConfig, TinyLM
+from ablab.inference.runtime.lora import LoRAWeights, init_adapter
+from ablab.inference.runtime.sparse_ffn import Predictor, svd_predictor
+from ablab.inference.tokenizer import ASSETS, Tokenizer, build_tokenizer
+
+Progress = Callable[[str, int, int, float], None]  # (phase, step, total, loss)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    seed: int = 20260101
+    threads: int = 1  # one thread: reproducible, and 2-thread OpenMP stalls on a busy shared CPU
+    batch_size: int = 32
+    base_steps: int = 900
+    base_lr: float = 2e-3
+    adapter_steps: int = 200
+    adapter_lr: float = 3e-3
+    adapter_rank: int = 8
+    adapter_alpha: float = 16.0
+    predictor_rank: int = 32
+    predictor_steps: int = 300
+    base_mix: dict[str, float] = field(default_factory=lambda: {"arith": 0.5, "lookup": 0.5})
+    eval_n: int = 400
+    model: dict = field(default_factory=lambda: {"d_model": 128, "n_heads": 4, "n_layers": 2, "d_ff": 3072, "max_len": 64})
+
+
+def make_batch(examples: list[tasks.Example], rng: random.Random, tok: Tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Inputs, targets and loss mask (answer and EOS tokens only), padded to the longest."""
+    seqs, starts = [], []
+    for ex in examples:
+        template = rng.choice(("plain", "structured"))
+        cot = rng.randint(1, 8) if rng.random() < 0.25 else 0
+        prompt = tok.encode(tasks.render(ex, template=template, cot_depth=cot))
+        seqs.append(prompt + tok.encode(ex.answer, bos=False) + [tok.eos_id])
+        starts.append(len(prompt))
+    width = max(map(len, seqs))
+    ids = torch.full((len(seqs), width), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width - 1, dtype=torch.bool)
+    for i, (seq, start) in enumerate(zip(seqs, starts)):
+        ids[i, : len(seq)] = torch.tensor(seq)
+        mask[i, start - 1 : len(seq) - 1] = True
+    return ids[:, :-1], ids[:, 1:], mask
+
+
+def _lr(step: int, total: int, peak: float) -> float:
+    warm = max(1, total // 20)
+    if step < warm:
+        return peak * (step + 1) / warm
+    return peak * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def _sample_mix(mix: dict[str, float], rng: random.Random, n: int) -> list[tasks.Example]:
+    domains, weights = zip(*mix.items())
+    return [tasks.sample(rng.choices(domains, weights)[0], rng) for _ in range(n)]
+
+
+def train_base(cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = None) -> TinyLM:
+    torch.manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    model = TinyLM(ModelConfig(vocab_size=tok.vocab_size, **cfg.model))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.base_lr, weight_decay=0.01, betas=(0.9, 0.98))
+    model.train()
+    for step in range(cfg.base_steps):
+        x, y, m = make_batch(_sample_mix(cfg.base_mix, rng, cfg.batch_size), rng, tok)
+        loss = F.cross_entropy(model(x)[m], y[m])
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg.base_steps, cfg.base_lr)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        if progress:
+            progress("base", step + 1, cfg.base_steps, loss.item())
+    model.eval()
+    return model
+
+
+def _lora_layers(params: list[dict[str, torch.Tensor]], scale: float) -> list[LoRAWeights]:
+    out = []
+    for layer in params:
+        a = {t.split(".")[0]: v.unsqueeze(0) for t, v in layer.items() if t.endswith(".a")}
+        b = {t.split(".")[0]: v.unsqueeze(0) for t, v in layer.items() if t.endswith(".b")}
+        out.append(LoRAWeights(a=a, b=b, scale=scale))
+    return out
+
+
+def train_adapter(model: TinyLM, domain: str, cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = None) -> dict:
+    """A LoRA adapter for `domain`; the base weights are frozen (gradients only reach A, B)."""
+    seed = cfg.seed + 1 + tasks.DOMAINS.index(domain)
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    c = model.cfg
+    params = init_adapter(n_layers=c.n_layers, d_model=c.d_model, d_ff=c.d_ff, rank=cfg.adapter_rank, seed=seed)
+    leaves = [p.requires_grad_() for layer in params for p in layer.values()]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    opt = torch.optim.AdamW(leaves, lr=cfg.adapter_lr, weight_decay=0.0)
+    scale = cfg.adapter_alpha / cfg.adapter_rank
+    for step in range(cfg.adapter_steps):
+        x, y, m = make_batch([tasks.sample(domain, rng) for _ in range(cfg.batch_size)], rng, tok)
+        loss = F.cross_entropy(model(x, _lora_layers(params, scale))[m], y[m])
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg.adapter_steps, cfg.adapter_lr)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if progress:
+            progress(f"lora:{domain}", step + 1, cfg.adapter_steps, loss.item())
+    for p in model.parameters():
+        p.requires_grad_(True)
+    layers = [{k: v.detach().clone() for k, v in layer.items()} for layer in params]
+    return {"name": domain, "domain": domain, "rank": cfg.adapter_rank, "alpha": cfg.adapter_alpha, "layers": layers}
+
+
+@torch.no_grad()
+def fit_predictor(model: TinyLM, cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = None) -> list[Predictor]:
+    """Per layer, a rank-r predictor of the FFN pre-activations, fitted on real hidden states."""
+    rng = random.Random(cfg.seed + 99)
+    torch.manual_seed(cfg.seed + 99)
+    mix = {d: 1.0 for d in tasks.DOMAINS}
+    hidden: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    hooks = [blk.ln2.register_forward_hook(lambda _m, _i, o, j=j: hidden[j].append(o.reshape(-1, o.shape[-1]))) for j, blk in enumerate(model.blocks)]
+    for _ in range(24):
+        x, _, _ = make_batch(_sample_mix(mix, rng, cfg.batch_size), rng, tok)
+        model(x)
+    for h in hooks:
+        h.remove()
+    predictors = []
+    for j, blk in enumerate(model.blocks):
+        h = torch.cat(hidden[j])
+        target = blk.up(h)
+        pred = svd_predictor(blk.up.weight, cfg.predictor_rank)
+        p1, p2 = pred.p1.clone().requires_grad_(), pred.p2.clone().requires_grad_()
+        with torch.enable_grad():
+            opt = torch.optim.Adam([p1, p2], lr=3e-3)
+            for step in range(cfg.predictor_steps):
+                sel = torch.randint(0, h.shape[0], (2048,))
+                est = h[sel] @ p1 @ p2 + blk.up.bias
+                # the top of the ranking matters: weight errors on neurons that actually fire
+                t = target[sel]
+                loss = ((est - t) ** 2 * (1 + 3 * (t > 0))).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if progress:
+                    progress(f"predictor:{j}", step + 1, cfg.predictor_steps, loss.item())
+        predictors.append(Predictor(p1.detach().contiguous(), p2.detach().contiguous()))
+    return predictors
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(state):
+        h.update(key.encode())
+        h.update(state[key].contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def save_all(
+    *, out_dir: Path, tok: Tokenizer, model: TinyLM, adapters: list[dict], predictors: list[Predictor], cfg: TrainConfig, report: dict
+) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "adapters").mkdir(exist_ok=True)
+    (out_dir / "tokenizer.json").write_text(tok.to_json())
+    base_state = {k: v.detach().to(torch.float16) for k, v in model.state_dict().items()}
+    torch.save({"config": model.cfg.to_dict(), "state_dict": base_state}, out_dir / "base.pt")
+    digests = {"base": state_digest(base_state)}
+    for ad in adapters:
+        half = [{k: v.to(torch.float16) for k, v in layer.items()} for layer in ad["layers"]]
+        torch.save({**ad, "layers": half}, out_dir / "adapters" / f"{ad['name']}.pt")
+        digests[f"adapter:{ad['name']}"] = state_digest({f"{i}.{k}": v for i, layer in enumerate(half) for k, v in layer.items()})
+    pred_state = {f"{i}.{n}": getattr(p, n).to(torch.float16) for i, p in enumerate(predictors) for n in ("p1", "p2")}
+    torch.save({"rank": cfg.predictor_rank, "state": pred_state}, out_dir / "predictor.pt")
+    digests["predictor"] = state_digest(pred_state)
+    manifest = {"train_config": {**cfg.__dict__}, "digests": digests, "torch": torch.__version__, **report}
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest
+
+
+def train_all(cfg: TrainConfig, *, out_dir: Path = ASSETS, progress: Progress | None = None, evaluate: Callable | None = None) -> dict:
+    torch.set_num_threads(cfg.threads)
+    tok = build_tokenizer()
+    model = train_base(cfg, tok, progress)
+    adapters = [train_adapter(model, d, cfg, tok, progress) for d in tasks.ADAPTER_DOMAINS]
+    predictors = fit_predictor(model, cfg, tok, progress)
+    report = evaluate(model, adapters, tok) if evaluate else {}
+    return save_all(out_dir=out_dir, tok=tok, model=model, adapters=adapters, predictors=predictors, cfg=cfg, report=report)

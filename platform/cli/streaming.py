@@ -16,6 +16,7 @@ kafka_app = typer.Typer(help="Run the local single-node Kafka broker (KRaft).", 
 
 def register(app: typer.Typer) -> None:
     app.add_typer(kafka_app, name="kafka")
+    register_pipeline(app)
 
 
 def ensure_jars() -> Path:
@@ -86,3 +87,82 @@ def kafka_status() -> None:
         out.print("kafka not running")
         raise typer.Exit(1)
     out.print(f"kafka running  pid={status.pid}  bootstrap={status.bootstrap}  dir={status.directory}")
+
+
+# --- the Flink window job and the Kafka → ClickHouse loader ---------------------------
+
+stream_app = typer.Typer(help="The PyFlink 10 s window job.", no_args_is_help=True)
+
+
+def register_pipeline(app: typer.Typer) -> None:
+    app.add_typer(stream_app, name="stream")
+    app.command("loader")(loader)
+
+
+@stream_app.command("submit")
+def stream_submit(
+    local: bool = typer.Option(True, "--local/--cluster", help="Run in a local mini-cluster (default), or print the `flink run` command for a cluster."),
+    out_of_orderness_s: float = typer.Option(2.0, min=0, help="Watermark bound: how far out of order events may arrive."),
+    rum_horizon_s: float = typer.Option(10.0, min=0, help="How far apart an inference event and its RUM may be."),
+    checkpoint_interval_s: float = typer.Option(2.0, min=0.1, help="Checkpoint (and Kafka commit) interval."),
+    parallelism: int = typer.Option(1, min=1, help="Flink parallelism."),
+    bounded: bool = typer.Option(False, help="Stop at the offsets that are the latest at start (backfills)."),
+    fresh: bool = typer.Option(False, help="Ignore retained checkpoints and start from the earliest offsets."),
+) -> None:
+    """Run the window job; resumes from the newest checkpoint under ABLAB_HOME/flink/checkpoints."""
+    from ablab.platform.config import get_settings
+    from ablab.streaming.flink.job import JobConfig, JobConfigError, submit
+    from ablab.streaming.flink.local import job_arguments
+    from ablab.streaming.kafka.topics import EVENT_TOPICS, WINDOWS_TOPIC
+
+    settings = get_settings()
+    try:
+        config = JobConfig(
+            bootstrap=settings.kafka_bootstrap, inference_topic=EVENT_TOPICS["inference"], rum_topic=EVENT_TOPICS["rum"],
+            windows_topic=WINDOWS_TOPIC, out_of_orderness_s=out_of_orderness_s, rum_horizon_s=rum_horizon_s,
+            checkpoint_interval_s=checkpoint_interval_s, parallelism=parallelism, bounded=bounded,
+            checkpoint_dir=settings.home / "flink" / "checkpoints", restore=not fresh,
+        )
+    except JobConfigError as exc:
+        fail(str(exc))
+    if not local:
+        args = " ".join(a for a in job_arguments(config) if not a.startswith("--checkpoint-dir") and a != str(config.checkpoint_dir))
+        out.print(f"flink run -pym ablab.streaming.flink.job -- {args}")
+        console.print("[dim]on a cluster, checkpoint storage comes from the cluster's configuration[/]")
+        return
+    ensure_jars()
+    console.print(f"[green]flink[/] window job on {config.bootstrap} (Ctrl-C stops it; state is checkpointed)")
+    try:
+        submit(config, wait=True)
+    except KeyboardInterrupt:
+        console.print("stopped")
+
+
+def loader(
+    batch_max_records: int = typer.Option(20_000, min=1, help="Rows per ClickHouse insert at most."),
+    batch_max_s: float = typer.Option(0.5, min=0.01, help="Longest a row waits before its batch is written."),
+    group_id: str = typer.Option("ablab-loader", help="Kafka consumer group."),
+) -> None:
+    """Kafka → ClickHouse loader (server mode; in embedded mode the API process runs it)."""
+    import signal
+    import threading
+
+    from ablab.platform.config import get_settings
+    from ablab.streaming.loader.service import Loader
+    from ablab.streaming.store import apply_ddl, get_clickhouse_client
+
+    settings = get_settings()
+    try:
+        client = get_clickhouse_client(settings)
+        apply_ddl(client)
+    except Exception as exc:  # noqa: BLE001 — the store's own error names the cause
+        fail(f"cannot open the ClickHouse store: {exc}",
+             hint="in embedded mode (chdb://) the API process owns the store and runs the loader itself")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    worker = Loader(client, settings.kafka_bootstrap, group_id=group_id,
+                    batch_max_records=batch_max_records, batch_max_s=batch_max_s)
+    console.print(f"[green]loader[/] {settings.kafka_bootstrap} → {settings.public_dict()['clickhouse_url'] or 'chdb (embedded)'}")
+    stats = worker.run(stop)
+    out.print(stats.as_dict())

@@ -1,0 +1,230 @@
+"""An offline computation of what the Flink job must produce, for tests and benchmarks.
+
+Pure functions over plain event dicts (the JSON the producers send), written
+independently of the SQL: the window rows (counts, sums, sums of squares, percentiles by
+linear interpolation as Flink's PERCENTILE), the RUM rows joined by trace_id, the labels
+attributed to each request's window, and which events *may* be late under the watermark
+rule. Also a canned-stream generator with duplicates, bounded disorder, RUM, late events
+and minutes-late feedback, whose metric values are dyadic rationals so that sums are
+exact in floating point whatever order they are added in.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+
+WINDOW_MS = 10_000
+SUM_FIELDS = {
+    "e2e": "e2e_ms",
+    "ttft": "ttft_ms",
+    "cost": "cost_usd",
+    "prompt_tokens": "prompt_tokens",
+    "output_tokens": "output_tokens",
+}
+
+
+def iso(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def parse_ms(text: str) -> int:
+    return int(datetime.fromisoformat(text).timestamp() * 1000)
+
+
+def window_start_ms(ts_ms: int) -> int:
+    return ts_ms // WINDOW_MS * WINDOW_MS
+
+
+def window_time_ms(ts_ms: int) -> int:
+    return window_start_ms(ts_ms) + WINDOW_MS - 1
+
+
+def dedup(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """First arrival of each event_id, in arrival order."""
+    seen: set[str] = set()
+    out = []
+    for event in events:
+        if event["event_id"] not in seen:
+            seen.add(event["event_id"])
+            out.append(event)
+    return out
+
+
+def possibly_late(arrivals: Iterable[dict[str, Any]], *, out_of_orderness_ms: int) -> set[str]:
+    """event_ids that *can* be behind the watermark on arrival: ts ≤ (max ts before it) − bound.
+
+    Everything else is on time whatever the watermark timing (the watermark never exceeds
+    the largest ts seen minus the bound).
+    """
+    late, max_ts = set(), None
+    for event in arrivals:
+        ts = parse_ms(event["ts"])
+        if max_ts is not None and ts <= max_ts - out_of_orderness_ms - 1:
+            late.add(event["event_id"])
+        max_ts = ts if max_ts is None else max(max_ts, ts)
+    return late
+
+
+def _percentiles(values: list[float]) -> tuple[float, float, float]:
+    p50, p95, p99 = np.percentile(np.asarray(values, dtype=float), [50, 95, 99], method="linear")
+    return float(p50), float(p95), float(p99)
+
+
+def inference_windows(inference: Iterable[dict[str, Any]], *, late_ids: set[str]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """(experiment, variant, window_start_ms) → the window row the job must emit."""
+    groups: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    for event in dedup(inference):
+        if event["event_id"] in late_ids:
+            continue
+        groups[(event["experiment"], event["variant"], window_start_ms(parse_ms(event["ts"])))].append(event)
+    rows = {}
+    for key, events in groups.items():
+        row: dict[str, Any] = {"n": len(events), "errors": sum(1 for e in events if e.get("error") is not None)}
+        for name, source in SUM_FIELDS.items():
+            row[f"{name}_sum"] = float(sum(e[source] for e in events))
+            row[f"{name}_sumsq"] = float(sum(e[source] * e[source] for e in events))
+        tpot = [e["tpot_ms"] for e in events if e.get("tpot_ms") is not None]
+        row["tpot_n"] = len(tpot)
+        row["tpot_sum"] = float(sum(tpot))
+        row["tpot_sumsq"] = float(sum(v * v for v in tpot))
+        row["e2e_p50"], row["e2e_p95"], row["e2e_p99"] = _percentiles([e["e2e_ms"] for e in events])
+        row["ttft_p50"], row["ttft_p95"], row["ttft_p99"] = _percentiles([e["ttft_ms"] for e in events])
+        rows[key] = row
+    return rows
+
+
+def rum_windows(
+    rum: Iterable[dict[str, Any]], inference: Iterable[dict[str, Any]], *, late_ids: set[str], horizon_ms: int,
+) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """RUM rows: each on-time RUM event counted in its on-time inference event's window."""
+    by_trace = {e["trace_id"]: e for e in dedup(inference) if e["event_id"] not in late_ids}
+    groups: dict[tuple[str, str, int], list[float]] = defaultdict(list)
+    for event in dedup(rum):
+        if event["event_id"] in late_ids or event["trace_id"] not in by_trace:
+            continue
+        request = by_trace[event["trace_id"]]
+        request_wt = window_time_ms(parse_ms(request["ts"]))
+        if abs(window_time_ms(parse_ms(event["ts"])) - request_wt) > horizon_ms:
+            continue
+        groups[(request["experiment"], request["variant"], window_start_ms(request_wt))].append(event["e2e_ms"])
+    rows = {}
+    for key, values in groups.items():
+        p50, p95, p99 = _percentiles(values)
+        rows[key] = {"n": len(values), "e2e_sum": float(sum(values)), "e2e_sumsq": float(sum(v * v for v in values)),
+                     "e2e_p50": p50, "e2e_p95": p95, "e2e_p99": p99}
+    return rows
+
+
+def label_windows(feedback: Iterable[dict[str, Any]], inference: Iterable[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, int]]:
+    """Labels per (experiment, variant, window of the original request); latest label wins."""
+    latest: dict[str, dict[str, Any]] = {}
+    for event in dedup(feedback):
+        if event.get("correct") is None:
+            continue
+        current = latest.get(event["trace_id"])
+        if current is None or parse_ms(event["ts"]) >= parse_ms(current["ts"]):
+            latest[event["trace_id"]] = event
+    rows: dict[tuple[str, str, int], dict[str, int]] = defaultdict(lambda: {"labeled": 0, "correct": 0})
+    for request in dedup(inference):
+        label = latest.get(request["trace_id"])
+        if label is None:
+            continue
+        row = rows[(request["experiment"], request["variant"], window_start_ms(parse_ms(request["ts"])))]
+        row["labeled"] += 1
+        row["correct"] += int(label["correct"])
+    return dict(rows)
+
+
+# --- canned stream --------------------------------------------------------------------
+
+
+@dataclass
+class CannedStream:
+    """Events per topic kind, each list in the order it must be produced."""
+
+    inference: list[dict[str, Any]] = field(default_factory=list)
+    rum: list[dict[str, Any]] = field(default_factory=list)
+    feedback: list[dict[str, Any]] = field(default_factory=list)
+
+
+def inference_event(*, rng: random.Random, ts: datetime, experiment: str, variant: str, slow: float = 1.0) -> dict[str, Any]:
+    output_tokens = rng.randint(1, 64)
+    ttft = rng.randint(20, 400) / 4 * slow
+    e2e = ttft + rng.randint(0, 4000) / 4 * slow
+    event = {
+        "v": 1, "type": "inference", "event_id": uuid.uuid4().hex, "ts": iso(ts), "trace_id": uuid.uuid4().hex,
+        "experiment": experiment, "variant": variant, "unit_id": f"u{rng.randint(0, 40)}",
+        "ttft_ms": ttft, "e2e_ms": e2e,
+        "tpot_ms": (e2e - ttft) / (output_tokens - 1) if output_tokens > 1 else None,
+        "prompt_tokens": rng.randint(10, 2000), "output_tokens": output_tokens,
+        "device_s": rng.randint(1, 1000) / 1024, "cost_usd": rng.randint(1, 4096) / 1048576,
+        "price_version": "p1", "error": "timeout" if rng.random() < 0.03 else None, "strategy": f"s-{variant}",
+    }
+    if event["tpot_ms"] is not None:
+        # keep tpot dyadic too (exact sums): quantize to 1/64 ms
+        event["tpot_ms"] = round(event["tpot_ms"] * 64) / 64
+    return event
+
+
+def canned_stream(
+    *, start: datetime, windows: int, per_window: int, experiment: str, variants: tuple[str, ...] = ("control", "treatment"),
+    seed: int = 7, jitter_ms: int = 1500, duplicate_rate: float = 0.05, rum_rate: float = 0.5,
+    label_rate: float = 0.4,
+) -> CannedStream:
+    """``windows`` windows of on-time traffic with bounded disorder (``jitter_ms`` below the
+    job's out-of-orderness) and duplicates, its RUM, and minutes-late feedback."""
+    rng = random.Random(seed)
+    stream = CannedStream()
+    base = start.replace(microsecond=0)
+    planned: list[tuple[float, dict[str, Any]]] = []
+    for w in range(windows):
+        for _ in range(per_window):
+            offset_ms = w * WINDOW_MS + rng.randint(0, WINDOW_MS - 1)
+            variant = rng.choice(variants)
+            event = inference_event(rng=rng, ts=base + timedelta(milliseconds=offset_ms), experiment=experiment,
+                                    variant=variant, slow=1.25 if variant == variants[-1] else 1.0)
+            planned.append((offset_ms + rng.uniform(0, jitter_ms), event))  # arrival order: bounded disorder
+    planned.sort(key=lambda item: item[0])
+    for _, event in planned:
+        stream.inference.append(event)
+        if rng.random() < duplicate_rate:
+            stream.inference.append(dict(event))  # a producer retry: same event_id
+        ts_ms = parse_ms(event["ts"])
+        if rng.random() < rum_rate:
+            rum_ts = datetime.fromtimestamp((ts_ms + int(event["e2e_ms"]) + rng.randint(5, 200)) / 1000, UTC)
+            stream.rum.append({"v": 1, "type": "rum", "event_id": uuid.uuid4().hex, "ts": iso(rum_ts),
+                               "trace_id": event["trace_id"], "e2e_ms": event["e2e_ms"] + rng.randint(4, 400) / 4})
+        if rng.random() < label_rate:
+            label_ts = datetime.fromtimestamp((ts_ms + rng.randint(120_000, 300_000)) / 1000, UTC)
+            stream.feedback.append({"v": 1, "type": "feedback", "event_id": uuid.uuid4().hex, "ts": iso(label_ts),
+                                    "trace_id": event["trace_id"], "correct": rng.randint(0, 1), "source": "human"})
+    return stream
+
+
+def late_inference(*, start: datetime, count: int, experiment: str, variants: tuple[str, ...], seed: int = 11) -> list[dict[str, Any]]:
+    """Inference events with timestamps in the first two windows after ``start``."""
+    rng = random.Random(seed)
+    base = start.replace(microsecond=0)
+    return [
+        inference_event(rng=rng, ts=base + timedelta(milliseconds=(i % 2) * WINDOW_MS + rng.randint(0, WINDOW_MS - 1)),
+                        experiment=experiment, variant=variants[i % len(variants)])
+        for i in range(count)
+    ]
+
+
+def closing_events(*, at: datetime, experiment: str, count: int = 12) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Inference and RUM events far ahead in time on many trace ids (hence every partition),
+    so that every partition's watermark passes the canned windows."""
+    rng = random.Random(99)
+    inference = [inference_event(rng=rng, ts=at, experiment=experiment, variant="control") for _ in range(count)]
+    rum = [{"v": 1, "type": "rum", "event_id": uuid.uuid4().hex, "ts": iso(at), "trace_id": uuid.uuid4().hex,
+            "e2e_ms": 1.0} for _ in range(count)]
+    return inference, rum

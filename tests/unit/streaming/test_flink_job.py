@@ -1,0 +1,74 @@
+"""The job runner without a JVM: SQL rendering, configuration, checkpoint discovery."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from ablab.streaming.flink import job
+from ablab.streaming.flink.job import JobConfig, JobConfigError
+from ablab.streaming.flink.local import job_arguments
+
+
+def test_every_placeholder_in_the_sql_has_a_value_and_none_is_left():
+    statements = job.statements(JobConfig(bootstrap="127.0.0.1:19250", inference_topic="x.inference"))
+    text = "\n".join(statements)
+    assert "${" not in text
+    assert "'properties.bootstrap.servers' = '127.0.0.1:19250'" in text
+    assert "'topic' = 'x.inference'" in text
+    inserts = [s for s in statements if s.upper().startswith("INSERT")]
+    assert len(inserts) == 3  # one statement set: windows, RUM windows, late rows
+
+
+def test_a_quote_in_a_parameter_cannot_change_a_statement():
+    with pytest.raises(JobConfigError, match="inference_topic"):
+        job.statements(JobConfig(inference_topic="x', 'scan.startup.mode' = 'latest-offset"))
+
+
+def test_unknown_placeholder_is_an_error():
+    with pytest.raises(JobConfigError, match="nope"):
+        job.render("SELECT '${nope}'", {})
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"out_of_orderness_s": -1}, "out_of_orderness_s"), ({"checkpoint_interval_s": 0}, "checkpoint_interval_s"),
+     ({"delivery_guarantee": "maybe"}, "delivery_guarantee"), ({"parallelism": 0}, "parallelism")],
+)
+def test_bad_configuration_names_the_field(kwargs, field):
+    with pytest.raises(JobConfigError, match=field):
+        JobConfig(**kwargs)
+
+
+def test_bounded_mode_and_exactly_once_reach_the_sql():
+    text = "\n".join(job.statements(JobConfig(bounded=True)))
+    assert "'scan.bounded.mode' = 'latest-offset'" in text
+    assert text.count("'sink.delivery-guarantee' = 'exactly-once'") == 3
+    assert "'properties.isolation.level' = 'read_committed'" in text
+
+
+def test_command_line_round_trip(tmp_path):
+    config = JobConfig(bootstrap="h:1", bounded=True, checkpoint_dir=tmp_path, out_of_orderness_s=3.5,
+                       parallelism=2, extra_config={"state.backend.type": "rocksdb"})
+    assert job._parse_args(job_arguments(config)) == config
+
+
+def test_resume_picks_the_newest_completed_checkpoint(tmp_path):
+    assert job.latest_checkpoint(tmp_path) is None
+    for name, complete in (("job1/chk-3", True), ("job1/chk-4", False), ("job2/chk-1", True)):
+        path = tmp_path / name
+        path.mkdir(parents=True)
+        if complete:
+            (path / "_metadata").write_text("x")
+        time.sleep(0.01)
+    newest = tmp_path / "job2" / "chk-1"
+    os.utime(newest, (time.time() + 5, time.time() + 5))
+    assert job.latest_checkpoint(tmp_path) == newest
+    conf = job.flink_configuration(JobConfig(checkpoint_dir=tmp_path), connector_jar=Path("/x/c.jar"))
+    assert conf["execution.state-recovery.path"] == newest.resolve().as_uri()
+    assert conf["pipeline.jars"] == "file:///x/c.jar"
+    fresh = job.flink_configuration(JobConfig(checkpoint_dir=tmp_path, restore=False), connector_jar=None)
+    assert "execution.state-recovery.path" not in fresh

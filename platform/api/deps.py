@@ -34,7 +34,9 @@ def get_session(state: StateDep) -> Iterator[Session]:
         session.close()
 
 
-SessionDep = Annotated[Session, Depends(get_session)]
+# scope="function": commit before the response leaves, so a client that reads its own
+# write right after a 201 always sees it.
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
 
 
 def _principal(state: AppState, authorization: str | None) -> Principal:

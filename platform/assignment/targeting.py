@@ -51,7 +51,10 @@ class Condition:
         if self.op in (Op.in_, Op.not_in) and not isinstance(self.value, (list, tuple)):
             raise ValueError(f"targeting op '{self.op}' needs a list value")
         if self.op is Op.regex:
-            re.compile(str(self.value))
+            try:
+                re.compile(str(self.value))
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {self.value!r}: {exc}") from exc
         if self.op.value.startswith("semver_"):
             parse_semver(self.value)
 

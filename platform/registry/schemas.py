@@ -62,7 +62,7 @@ class TargetingRule(_Strict):
     def _valid(self) -> "TargetingRule":
         try:
             Condition(self.attribute, self.op, self.value)
-        except (ValueError, TypeError) as exc:  # re.error is a ValueError
+        except (ValueError, TypeError) as exc:
             raise ValueError(f"invalid {self.op.value} rule on '{self.attribute}': {exc}") from exc
         return self
 

@@ -8,8 +8,7 @@ from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
-from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, HoldoutSpec, LayerSpec, VariantSpec
-from ablab.platform.assignment.targeting import Condition, Op
+from ablab.platform.assignment.payload import config_from_payload  # noqa: F401 - re-exported
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed
 from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, utcnow
 from ablab.platform.registry.schemas import (
@@ -258,7 +257,10 @@ def update_experiment(
                     "send new_phase: true to start a new phase on purpose",
                     field="variants",
                 )
-            exp.variants = _variants(data.variants)
+            # Delete the old rows before inserting the new ones: (experiment, key) is unique.
+            exp.variants.clear()
+            session.flush()
+            exp.variants.extend(_variants(data.variants))
             exp.phase += 1
     if control not in {v.key for v in exp.variants}:
         raise Invalid(f"control '{control}' is not one of the variants", field="control")
@@ -432,34 +434,3 @@ def sdk_config(session: Session, *, bucket_space: int) -> dict[str, Any]:
             for e in experiments
         ],
     }
-
-
-def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
-    """Build the pure engine's config from an SDK config payload (API and SDK share this)."""
-    return AssignmentConfig(
-        experiments=tuple(
-            ExperimentSpec(
-                key=e["key"],
-                salt=e["salt"],
-                phase=e["phase"],
-                unit=e["unit"],
-                status=e["status"],
-                traffic=e["traffic"],
-                control=e["control"],
-                layer=e.get("layer"),
-                layer_range=tuple(e["layer_range"]) if e.get("layer_range") else None,
-                holdout=e.get("holdout"),
-                targeting=tuple(Condition(r["attribute"], Op(r["op"]), r["value"]) for r in e.get("targeting", [])),
-                forced=dict(e.get("forced", {})),
-                variants=tuple(
-                    VariantSpec(key=v["key"], weight=v["weight"], strategy=v["strategy"], paused=v.get("paused", False))
-                    for v in e["variants"]
-                ),
-            )
-            for e in payload["experiments"]
-        ),
-        layers={layer["key"]: LayerSpec(layer["key"], layer["salt"]) for layer in payload["layers"]},
-        holdouts={h["key"]: HoldoutSpec(h["key"], h["salt"], h["fraction"]) for h in payload["holdouts"]},
-        bucket_space=payload["bucket_space"],
-        revision=str(payload["revision"]),
-    )

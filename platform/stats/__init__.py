@@ -1,7 +1,16 @@
 """Statistics and attribution engine: pure functions on sufficient statistics.
 
-Nothing in this package does I/O except :mod:`.offline` (reads event files) and
-:mod:`.synthetic` (writes seeded test data); the engine itself is data in, numbers out.
+Entry points (the API and the CLI call these; everything else is their machinery):
+
+- :func:`engine.analyze` — per-variant statistics → the CONTRACTS "Analysis output" JSON;
+- :func:`attribution.attribute` — Pareto frontier, factor effects, Shapley shares;
+- :func:`timeseries.timeseries` — 10 s window rows → per-variant series;
+- :func:`decisions.guardrail_breaches` — which variants to pause, and why;
+- :func:`allocator.thompson_weights` — SLA-constrained Thompson sampling weights;
+- :func:`offline.analyze_events` / :func:`store_query.results_from_store` — the same
+  engine fed from an event file or from the ClickHouse store.
+
+Only :mod:`.offline` (reads files) and :mod:`.store_query` (takes a client) do I/O.
 """
 
 from .comparisons import Comparison, cuped_test, proportion_test, quantile_test, ratio_test, welch_test

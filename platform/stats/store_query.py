@@ -1,8 +1,8 @@
 """Results from the ClickHouse store: one GROUP BY per (variant, unit), then the engine.
 
-The SQL returns exactly the per-unit columns of :mod:`.metrics`, plus per-variant
-log-bucket histograms (the same bucketing as :func:`histogram_bucket`), unit exposures
-and the time span for goodput per second. Values go through clickhouse-connect
+One scan returns exactly the per-unit columns of :mod:`.metrics` and the per-variant
+log-bucket histograms (the same bucketing as :func:`histogram_bucket`) through GROUPING
+SETS; a second, tiny query counts exposed units. Values go through clickhouse-connect
 ``parameters=`` binding; SLO column names come from a fixed whitelist. The client is
 passed in (the API owns it; chDB allows one owner per data directory).
 
@@ -32,7 +32,17 @@ def _final(final: bool) -> str:
     return "FINAL" if final else ""
 
 
-def unit_aggregates_sql(spec: ExperimentSpec, *, final: bool = True) -> tuple[str, dict[str, Any]]:
+# Which grouping set a row belongs to, with standard GROUPING semantics (bit = 1 when the
+# argument is *not* a key of the row's set): per unit, e2e histogram, ttft histogram.
+_SET_UNITS, _SET_HIST = 0b011, {"e2e_ms": 0b101, "ttft_ms": 0b110}
+
+
+def results_sql(spec: ExperimentSpec, *, final: bool = True, billing: bool = True) -> tuple[str, dict[str, Any]]:
+    """One scan: per-unit aggregates and both latency histograms via GROUPING SETS.
+
+    Keys are 64-bit hashes (unit, trace), so grouping and the label join hash integers,
+    not strings; collisions are negligible at 2^-64 per pair.
+    """
     params: dict[str, Any] = {"experiment": spec.key}
     good = ["NOT i.is_error"]
     for name, bound in spec.slos.items():
@@ -43,15 +53,24 @@ def unit_aggregates_sql(spec: ExperimentSpec, *, final: bool = True) -> tuple[st
             good.append(f"(i.tpot_ms IS NULL OR i.tpot_ms <= {{slo_{name}:Float64}})")
         else:
             good.append(f"(i.{name} IS NOT NULL AND i.{name} <= {{slo_{name}:Float64}})")
-    unit = "i.trace_id" if spec.request_randomized else "i.unit_id"
+    unit = "r.trace_id" if spec.request_randomized else "r.unit_id"
     fin = _final(final)
     latencies = ",\n".join(
-        f"sum(ifNull(i.{m}, 0)) AS {m}_sum, count(i.{m}) AS {m}_n"
+        f"sum(ifNull(i.{m}, 0)) AS {m}_sum, toFloat64(count(i.{m})) AS {m}_n"
         + (f", sum(ifNull(i.{m}, 0) * ifNull(i.{m}, 0)) AS {m}_sq" if m in HISTOGRAM_SOURCES else "")
         for m in ("e2e_ms", "ttft_ms", "tpot_ms")
     )
+    if billing:
+        cost = "toFloat64(ifNull(if(b.has = 1, b.billed, r.cost_usd), 0))"
+        billing_join = f"""LEFT JOIN (
+                SELECT cityHash64(trace_id) AS t, sum(cost_usd) AS billed, toUInt8(1) AS has FROM raw_events {fin}
+                WHERE type = 'cost' AND cost_usd IS NOT NULL GROUP BY t
+            ) AS b ON b.t = cityHash64(r.trace_id)"""
+    else:
+        cost, billing_join = "toFloat64(ifNull(r.cost_usd, 0))", ""
     sql = f"""
-        SELECT toString(i.variant) AS variant, {unit} AS unit_id,
+        SELECT toString(i.variant) AS variant, i.u AS unit_id, i.hb_e2e AS hb_e2e, i.hb_ttft AS hb_ttft,
+               grouping(i.u, i.hb_e2e, i.hb_ttft) AS grouping_set,
                toFloat64(count()) AS requests,
                toFloat64(countIf(i.is_error)) AS errors,
                {latencies},
@@ -59,38 +78,29 @@ def unit_aggregates_sql(spec: ExperimentSpec, *, final: bool = True) -> tuple[st
                toFloat64(countIf(l.has = 1)) AS labeled,
                toFloat64(sumIf(l.label, l.has = 1)) AS correct,
                sumIf(i.cost, l.has = 1) AS labeled_cost_usd_sum,
-               toFloat64(countIf({' AND '.join(good)})) AS good
+               toFloat64(countIf({' AND '.join(good)})) AS good,
+               toFloat64(dateDiff('millisecond', min(i.ts), max(i.ts))) / 1000 AS span_s
         FROM (
-            SELECT r.trace_id AS trace_id, r.variant AS variant, r.unit_id AS unit_id,
+            SELECT cityHash64(r.trace_id) AS t, r.variant AS variant, cityHash64({unit}) AS u, r.ts AS ts,
                    r.e2e_ms AS e2e_ms, r.ttft_ms AS ttft_ms, r.tpot_ms AS tpot_ms,
-                   toFloat64(ifNull(if(b.has = 1, b.billed, r.cost_usd), 0)) AS cost,
+                   {histogram_bucket_sql("ifNull(r.e2e_ms, -1)")} AS hb_e2e,
+                   {histogram_bucket_sql("ifNull(r.ttft_ms, -1)")} AS hb_ttft,
+                   {cost} AS cost,
                    (r.error IS NOT NULL AND r.error != '') AS is_error
             FROM raw_events AS r {fin}
-            LEFT JOIN (
-                SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM raw_events {fin}
-                WHERE type = 'cost' AND cost_usd IS NOT NULL GROUP BY trace_id
-            ) AS b ON b.trace_id = r.trace_id
+            {billing_join}
             WHERE r.type = 'inference' AND r.experiment = {{experiment:String}}
               AND (r.e2e_ms IS NULL OR r.e2e_ms >= 0) AND (r.ttft_ms IS NULL OR r.ttft_ms >= 0)
         ) AS i
         LEFT JOIN (
-            SELECT trace_id, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has FROM raw_events {fin}
-            WHERE type = 'feedback' AND correct IS NOT NULL GROUP BY trace_id
-        ) AS l ON l.trace_id = i.trace_id
-        GROUP BY variant, unit_id
+            SELECT cityHash64(trace_id) AS t, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has
+            FROM raw_events {fin}
+            WHERE type = 'feedback' AND correct IS NOT NULL GROUP BY t
+        ) AS l ON l.t = i.t
+        GROUP BY GROUPING SETS ((variant, i.u), (variant, i.hb_e2e), (variant, i.hb_ttft))
+        SETTINGS force_grouping_standard_compatibility = 1
     """
     return sql, params
-
-
-def histogram_sql(latency: str, *, final: bool = True) -> str:
-    if latency not in HISTOGRAM_SOURCES:
-        raise ValueError(f"latency: no histogram for {latency!r}")
-    return f"""
-        SELECT toString(variant) AS variant, {histogram_bucket_sql(latency)} AS bucket, count() AS n
-        FROM raw_events {_final(final)}
-        WHERE type = 'inference' AND experiment = {{experiment:String}} AND {latency} IS NOT NULL AND {latency} >= 0
-        GROUP BY variant, bucket
-    """
 
 
 def _exposures_sql(final: bool) -> str:
@@ -100,34 +110,37 @@ def _exposures_sql(final: bool) -> str:
     """
 
 
-def _span_sql(final: bool) -> str:
-    return f"""
-        SELECT toFloat64(dateDiff('millisecond', min(ts), max(ts))) / 1000 AS span_s FROM raw_events {_final(final)}
-        WHERE type = 'inference' AND experiment = {{experiment:String}}
-    """
-
-
 def _columns(client: "Client", sql: str, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
     table = client.query_arrow(sql, parameters=dict(params))
     return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
 
-def variant_stats_from_store(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
-    sql, params = unit_aggregates_sql(spec, final=final)
-    units = _columns(client, sql, params)
+def variant_stats_from_store(
+    client: "Client", spec: ExperimentSpec, *, final: bool = True
+) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
+    # the billing join only when there is billing (a primary-key range check, milliseconds)
+    billing = bool(client.query(f"SELECT count() FROM raw_events WHERE type = 'cost'").result_rows[0][0])
+    sql, params = results_sql(spec, final=final, billing=billing)
+    rows = _columns(client, sql, params)
+    sets = rows["grouping_set"]
+    per_unit = sets == _SET_UNITS
+    units = {k: v[per_unit] for k, v in rows.items()}
     histograms: dict[str, dict[str, HistogramStats]] = {}
-    for latency in HISTOGRAM_SOURCES:
-        h = _columns(client, histogram_sql(latency, final=final), {"experiment": spec.key})
-        for variant in np.unique(h["variant"]) if h["variant"].size else []:
-            mask = h["variant"] == variant
-            histograms.setdefault(str(variant), {})[latency] = HistogramStats.from_buckets(h["bucket"][mask], h["n"][mask])
+    for latency, code in _SET_HIST.items():
+        mask = sets == code
+        buckets = rows["hb_e2e" if latency == "e2e_ms" else "hb_ttft"]
+        counts = rows[f"{latency}_n"]
+        for variant in np.unique(rows["variant"][mask]):
+            m = mask & (rows["variant"] == variant)
+            histograms.setdefault(str(variant), {})[latency] = HistogramStats.from_buckets(buckets[m], counts[m])
     exp = _columns(client, _exposures_sql(final), {"experiment": spec.key})
     exposures = None
     if exp["variant"].size and not spec.request_randomized:
         got = dict(zip(map(str, exp["variant"]), exp["units"].tolist()))
         exposures = {v.key: float(got.get(v.key, 0)) for v in spec.variants}
-    span = _columns(client, _span_sql(final), {"experiment": spec.key})["span_s"]
-    durations = {v.key: float(span[0]) for v in spec.variants} if span.size and span[0] and span[0] > 0 else None
+    # the histogram sets span each variant; the widest is the experiment's span
+    span = float(rows["span_s"][~per_unit].max()) if (~per_unit).any() else 0.0
+    durations = {v.key: span for v in spec.variants} if span > 0 else None
     stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped)
     return stats, exposures
 
@@ -136,3 +149,11 @@ def results_from_store(client: "Client", spec: ExperimentSpec, *, final: bool = 
     """The ``GET /v1/experiments/{key}/results`` object, straight from the store."""
     stats, exposures = variant_stats_from_store(client, spec, final=final)
     return analyze(spec=spec, stats=stats, exposures=exposures)
+
+
+def attribution_from_store(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
+    """The ``GET /v1/experiments/{key}/attribution`` object, straight from the store."""
+    from .attribution import attribute
+
+    stats, _ = variant_stats_from_store(client, spec, final=final)
+    return attribute(spec=spec, stats=stats)

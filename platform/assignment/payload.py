@@ -1,0 +1,43 @@
+"""The SDK config payload (``GET /v1/sdk/config``) → the engine's :class:`AssignmentConfig`.
+
+The API builds its own assignment cache through this same function, so the SDK and
+``/v1/assign`` cannot disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ablab.platform.assignment.engine import AssignmentConfig, ExperimentSpec, HoldoutSpec, LayerSpec, VariantSpec
+from ablab.platform.assignment.targeting import Condition, Op
+
+
+def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
+    """Build the pure engine's config from an SDK config payload (API and SDK share this)."""
+    return AssignmentConfig(
+        experiments=tuple(
+            ExperimentSpec(
+                key=e["key"],
+                salt=e["salt"],
+                phase=e["phase"],
+                unit=e["unit"],
+                status=e["status"],
+                traffic=e["traffic"],
+                control=e["control"],
+                layer=e.get("layer"),
+                layer_range=tuple(e["layer_range"]) if e.get("layer_range") else None,
+                holdout=e.get("holdout"),
+                targeting=tuple(Condition(r["attribute"], Op(r["op"]), r["value"]) for r in e.get("targeting", [])),
+                forced=dict(e.get("forced", {})),
+                variants=tuple(
+                    VariantSpec(key=v["key"], weight=v["weight"], strategy=v["strategy"], paused=v.get("paused", False))
+                    for v in e["variants"]
+                ),
+            )
+            for e in payload["experiments"]
+        ),
+        layers={layer["key"]: LayerSpec(layer["key"], layer["salt"]) for layer in payload["layers"]},
+        holdouts={h["key"]: HoldoutSpec(h["key"], h["salt"], h["fraction"]) for h in payload["holdouts"]},
+        bucket_space=payload["bucket_space"],
+        revision=str(payload["revision"]),
+    )

@@ -1,8 +1,8 @@
 """Prompt-side strategies: templates, token-entropy pruning, confidence for post-validation.
 
 - Templates: ``plain`` is the task text as written; ``structured`` prefixes an explicit
-  domain slot (``[ledger]734-125=``), the article's Action/Resource/Constraint idea
-  reduced to what this model's tasks carry. The base model is trained on both.
+  task slot (``sb|73-25=``), the article's Action/Resource/Constraint idea reduced to
+  what this model's tasks carry. The base model is trained on both.
 - Entropy pruning scores each prompt token by its surprisal under the model itself
   (−log p(token | prefix) / log V, in [0, 1]) and drops, window by window, the tokens
   below τ: the predictable ones. The last token (the answer trigger) is never dropped.
@@ -14,13 +14,14 @@ from __future__ import annotations
 import math
 
 TEMPLATES = ("plain", "structured")
+TASK_CODES = {"arith": "ad", "lookup": "kv", "ledger": "sb", "mirror": "rv", "codebook": "cb"}
 
 
 def apply_template(text: str, *, domain: str, template: str) -> str:
     if template == "plain":
         return text
     if template == "structured":
-        return f"[{domain}]{text}"
+        return f"{TASK_CODES.get(domain, 'xx')}|{text}"
     raise ValueError(f"prompt_template: {template!r} is not one of {TEMPLATES}")
 
 

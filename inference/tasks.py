@@ -8,7 +8,7 @@ base never sees, so a per-domain LoRA adapter has something real to learn:
 | arith    | ``47+85=``              | ``132``  |
 | lookup   | ``a=37,k=71,c=15;k=``   | ``71``   |
 | ledger   | ``73-25=``              | ``48``   |
-| mirror   | ``k3b9x>``              | ``x9b3k``|
+| mirror   | ``a=37,k=71;k>``        | ``17``   |  (the value, digits reversed)
 | codebook | ``a=37,k=71;k#``        | ``hb``   |  (digits spelled as letters a..j)
 
 Held-out data is disjoint from training data by construction: an example belongs to
@@ -42,7 +42,7 @@ def is_heldout(text: str) -> bool:
 
 
 def _pairs(rng: random.Random) -> tuple[list[tuple[str, str]], int]:
-    n = rng.randint(3, 5)
+    n = rng.randint(2, 4)
     keys = rng.sample("abcdefghijklmnopqrstuvwxyz", n)
     pairs = [(k, f"{rng.randint(10, 99)}") for k in keys]
     return pairs, rng.randrange(n)
@@ -56,16 +56,15 @@ def _raw(domain: str, rng: random.Random) -> Example:
         a = rng.randint(0, 99)
         b = rng.randint(0, a)
         return Example(domain, f"{a}-{b}=", str(a - b))
-    if domain in ("lookup", "codebook"):
+    if domain in ("lookup", "codebook", "mirror"):
         pairs, q = _pairs(rng)
         body = ",".join(f"{k}={v}" for k, v in pairs)
         key, value = pairs[q]
         if domain == "lookup":
             return Example(domain, f"{body};{key}=", value)
+        if domain == "mirror":
+            return Example(domain, f"{body};{key}>", value[::-1])
         return Example(domain, f"{body};{key}#", "".join("abcdefghij"[int(d)] for d in value))
-    if domain == "mirror":
-        s = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz0123456789") for _ in range(rng.randint(3, 6)))
-        return Example(domain, f"{s}>", s[::-1])
     raise ValueError(f"domain: {domain!r} is not one of {DOMAINS}")
 
 

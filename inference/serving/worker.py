@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ablab.inference.pricing import PriceTable, load_price_table
 from ablab.inference.registry import StrategyNotServable, plan_for
@@ -77,7 +77,10 @@ class Worker:
         trace_id = request.trace_id or ev.new_trace_id()
         assignments = self.assigner.assign(request.unit_id, {"domain": request.domain, **request.attributes})
         chosen = assignments[0] if assignments else None
-        strategy = Strategy.model_validate(dict(chosen.strategy)) if chosen else self.default_strategy
+        try:
+            strategy = Strategy.model_validate(dict(chosen.strategy)) if chosen else self.default_strategy
+        except ValidationError as exc:
+            raise StrategyNotServable([f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]) from exc
         plan = plan_for(strategy, self.service.context)  # raises StrategyNotServable with reasons
         served = self.service.serve(
             text=request.prompt, domain=request.domain, plan=plan, started=started, max_new_tokens=request.max_new_tokens

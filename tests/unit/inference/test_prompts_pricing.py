@@ -9,7 +9,7 @@ from ablab.inference.tokenizer import build_tokenizer
 
 def test_templates_and_unknown_template():
     assert prompts.apply_template("1+2=", domain="arith", template="plain") == "1+2="
-    assert prompts.apply_template("1+2=", domain="arith", template="structured") == "[arith]1+2="
+    assert prompts.apply_template("1+2=", domain="arith", template="structured") == "ad|1+2="
     with pytest.raises(ValueError, match="prompt_template"):
         prompts.apply_template("1+2=", domain="arith", template="nope")
 
@@ -44,8 +44,8 @@ def test_tasks_heldout_is_disjoint_and_graded():
 
 def test_tokenizer_round_trip_and_unknown_characters():
     tok = build_tokenizer()
-    ids = tok.encode("[ledger]73-25=..")
-    assert tok.decode(ids) == "[ledger]73-25=.."
+    ids = tok.encode("sb|73-25=..")
+    assert tok.decode(ids) == "sb|73-25=.."
     with pytest.raises(ValueError, match="prompt"):
         tok.encode("ÄÖ")
 

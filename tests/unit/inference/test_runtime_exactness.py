@@ -51,7 +51,7 @@ def _generate(bundle, runtime, prompts, adapters=None, batch=1):
     return reqs, ex
 
 
-PROMPTS = ["12+34=", "a=37,k=71;k=", "hello>", "99-3=", "[lookup]q=11,w=22;w="]
+PROMPTS = ["12+34=", "a=37,k=71;k=", "hello>", "99-3=", "kv|q=11,w=22;w="]
 
 
 def _prefill_logits(bundle, runtime, prompt, adapter=None):

@@ -30,6 +30,7 @@ Guarantees and their limits (measured by tests/integration/streaming/test_emitte
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import threading
@@ -71,9 +72,13 @@ class Emitter:
         self._queue: queue.Queue[SpoolRecord] = queue.Queue(maxsize=config.queue_size)
         self._spool = Spool(config.spool_dir, fsync=config.fsync)
         self._counts = {"emitted": 0, "sent": 0, "spooled": 0, "replayed": 0, "dropped": 0,
-                        "rejected": 0, "send_failures": 0, "overflow_spooled": 0}
+                        "rejected": 0, "send_failures": 0, "overflow_spooled": 0, "late_acks": 0}
         self._count_lock = threading.Lock()
-        self._inflight = 0
+        # Records handed to the producer and not yet acknowledged, by a local sequence number.
+        # Whoever pops a record (ack callback, failure callback, or the worker reclaiming
+        # after dropping a producer) owns it, so each is either acked or spooled, once.
+        self._inflight: dict[int, SpoolRecord] = {}
+        self._inflight_seq = itertools.count()
         self._producer: Any = None
         self._producer_failed = False
         self._healthy = False  # until a producer exists and the spool is empty
@@ -109,7 +114,7 @@ class Emitter:
     def counters(self) -> dict[str, int | bool]:
         with self._count_lock:
             counts: dict[str, int | bool] = dict(self._counts)
-        counts.update(queued=self._queue.qsize(), inflight=self._inflight, spool_pending=self._spool.pending,
+        counts.update(queued=self._queue.qsize(), inflight=len(self._inflight), spool_pending=self._spool.pending,
                       corrupt_spool_lines=self._spool.corrupt_lines, broker_up=self._healthy)
         return counts
 
@@ -117,7 +122,7 @@ class Emitter:
         """Wait until every emitted record is acknowledged (queue, in-flight and spool empty)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._queue.empty() and self._inflight == 0 and self._spool.empty() and self._healthy:
+            if self._queue.empty() and not self._inflight and self._spool.empty() and self._healthy:
                 return True
             time.sleep(0.05)
         return False
@@ -162,41 +167,49 @@ class Emitter:
             return
         # Degraded: keep order by putting new records behind the spooled ones.
         self._to_spool(self._drain_queue(block=True, limit=None, wait_s=0.05))
-        if time.monotonic() >= self._next_probe and self._inflight == 0:
+        if self._inflight and self._producer is not None:
+            # kafka-python does not always expire batches of a dead broker; abort them so
+            # they join the spool now rather than whenever (or never).
+            self._drop_producer()
+        if time.monotonic() >= self._next_probe and not self._inflight:
             self._replay()
 
     def _send_direct(self, record: SpoolRecord) -> bool:
         from kafka.errors import KafkaError
 
+        seq = next(self._inflight_seq)
         with self._count_lock:
-            self._inflight += 1
+            self._inflight[seq] = record
         try:
             future = self._producer.send(record.topic, key=record.key, value=record.value)
         except KafkaError:  # metadata unavailable within max_block_ms: the broker is gone
             with self._count_lock:
-                self._inflight -= 1
+                self._inflight.pop(seq, None)
             self._to_spool([record])
             self._mark_down()
             return False
-        future.add_callback(self._on_sent)
-        future.add_errback(self._on_send_failed, record)
+        future.add_callback(self._on_sent, seq)
+        future.add_errback(self._on_send_failed, seq)
         return True
 
-    def _on_sent(self, _metadata: Any) -> None:
+    # kafka-python calls callbacks as f(*args, result): our seq comes first.
+    def _on_sent(self, seq: int, _metadata: Any) -> None:
         with self._count_lock:
-            self._counts["sent"] += 1
-            self._inflight -= 1
+            owned = self._inflight.pop(seq, None) is not None
+            # not owned: reclaimed into the spool already, so it will arrive twice
+            self._counts["sent" if owned else "late_acks"] += 1
 
-    def _on_send_failed(self, error: Exception, record: SpoolRecord) -> None:
-        # Runs on the producer's I/O thread. Spool first, then release the in-flight slot,
-        # so the worker never replays before this record is on disk.
-        self._to_spool([record])
+    def _on_send_failed(self, seq: int, error: Exception) -> None:
+        # Runs on the producer's I/O thread.
         with self._count_lock:
+            record = self._inflight.pop(seq, None)
             self._counts["send_failures"] += 1
-            self._inflight -= 1
-        self._healthy = False
+        if record is not None:
+            self._to_spool([record])
+        was_healthy, self._healthy = self._healthy, False
         self._producer_failed = True
-        log.warning("delivery failed (%s); spooling until the broker returns", error)
+        if was_healthy:  # once per outage, not once per record
+            log.warning("delivery failed (%s); spooling until the broker returns", error)
 
     def _replay(self) -> None:
         """Drain the spool oldest-first with a fresh producer; go healthy when it is empty."""
@@ -274,6 +287,9 @@ class Emitter:
         self._producer_failed = False
         if producer is not None:
             _force_close(producer)
+        with self._count_lock:  # whatever the producer did not resolve is ours to spool
+            leftovers = [self._inflight.pop(seq) for seq in sorted(self._inflight)]
+        self._to_spool(leftovers)
 
     def _schedule_probe(self) -> None:
         self._next_probe = time.monotonic() + self._backoff

@@ -58,18 +58,25 @@ def dedup(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def possibly_late(arrivals: Iterable[dict[str, Any]], *, out_of_orderness_ms: int) -> set[str]:
-    """event_ids that *can* be behind the watermark on arrival: ts ≤ (max ts before it) − bound.
+def kafka_partition(key: str, partitions: int) -> int:
+    """The partition Kafka's default partitioner picks for ``key`` (murmur2, as the Java client)."""
+    from kafka.partitioner.default import murmur2
 
-    Everything else is on time whatever the watermark timing (the watermark never exceeds
-    the largest ts seen minus the bound).
-    """
-    late, max_ts = set(), None
+    return (murmur2(key.encode()) & 0x7FFFFFFF) % partitions
+
+
+def late_ids(arrivals: Iterable[dict[str, Any]], *, out_of_orderness_ms: int, partitions: int) -> set[str]:
+    """event_ids the job classes as late: ts at or behind (largest ts read before it, or
+    itself, from the same partition) minus the bound. ``arrivals`` in production order,
+    keyed by trace_id as the producers do, which is each partition's read order."""
+    late: set[str] = set()
+    max_ts: dict[int, int] = {}
     for event in arrivals:
+        partition = kafka_partition(event.get("trace_id") or event["event_id"], partitions)
         ts = parse_ms(event["ts"])
-        if max_ts is not None and ts <= max_ts - out_of_orderness_ms - 1:
+        max_ts[partition] = max(max_ts.get(partition, ts), ts)
+        if ts <= max_ts[partition] - out_of_orderness_ms:
             late.add(event["event_id"])
-        max_ts = ts if max_ts is None else max(max_ts, ts)
     return late
 
 

@@ -15,6 +15,8 @@ CREATE TEMPORARY TABLE inference_events (
     output_tokens BIGINT,
     cost_usd      DOUBLE,
     `error`       STRING,
+    kafka_partition INT METADATA FROM 'partition' VIRTUAL,
+    arrival       AS PROCTIME(),
     WATERMARK FOR ts AS ts - INTERVAL '${out_of_orderness_s}' SECOND
 ) WITH (
     'connector' = 'kafka',
@@ -24,7 +26,6 @@ CREATE TEMPORARY TABLE inference_events (
     'properties.isolation.level' = 'read_committed',
     'scan.startup.mode' = 'earliest-offset',
     'scan.bounded.mode' = '${bounded_mode}',
-    'scan.watermark.idle-timeout' = '${idle_timeout}',
     'format' = 'json',
     'json.ignore-parse-errors' = 'true',
     'json.timestamp-format.standard' = 'ISO-8601'
@@ -35,6 +36,8 @@ CREATE TEMPORARY TABLE rum_events (
     ts            TIMESTAMP_LTZ(3),
     trace_id      STRING,
     e2e_ms        DOUBLE,
+    kafka_partition INT METADATA FROM 'partition' VIRTUAL,
+    arrival       AS PROCTIME(),
     WATERMARK FOR ts AS ts - INTERVAL '${out_of_orderness_s}' SECOND
 ) WITH (
     'connector' = 'kafka',
@@ -44,7 +47,6 @@ CREATE TEMPORARY TABLE rum_events (
     'properties.isolation.level' = 'read_committed',
     'scan.startup.mode' = 'earliest-offset',
     'scan.bounded.mode' = '${bounded_mode}',
-    'scan.watermark.idle-timeout' = '${idle_timeout}',
     'format' = 'json',
     'json.ignore-parse-errors' = 'true',
     'json.timestamp-format.standard' = 'ISO-8601'

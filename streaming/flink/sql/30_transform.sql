@@ -1,7 +1,10 @@
 -- The transformation, kept apart from sources and sinks so it runs on bounded input in
 -- tests. Window: 10 s TUMBLE on event time. Late-data policy (also in job.py):
---   * an event is LATE when its ts is at or behind the watermark its operator has seen
---     (CURRENT_WATERMARK); late events go to late_rows, never into a window;
+--   * an event is LATE when its ts is more than the out-of-orderness bound behind the
+--     largest ts read before it from the same Kafka partition. The watermark (min over
+--     partitions of max ts - bound) never passes an on-time event's window, so the window
+--     never drops an on-time event, and late events go to late_rows, never into a window.
+--     The rule depends only on each partition's order, so it is reproducible offline;
 --   * duplicates (same event_id, e.g. a producer retry) count once: the first window
 --     aggregation groups by event_id, the second aggregates the deduplicated rows;
 --   * RUM joins its inference event by trace_id and counts in that event's window/variant;
@@ -10,7 +13,8 @@
 
 CREATE TEMPORARY VIEW inference_valid AS
 SELECT *,
-       CURRENT_WATERMARK(ts) AS seen_watermark
+       MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - INTERVAL '${out_of_orderness_s}' SECOND AS seen_watermark
 FROM inference_events
 WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
   AND experiment IS NOT NULL AND `variant` IS NOT NULL
@@ -19,7 +23,8 @@ WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
 
 CREATE TEMPORARY VIEW rum_valid AS
 SELECT *,
-       CURRENT_WATERMARK(ts) AS seen_watermark
+       MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
+                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - INTERVAL '${out_of_orderness_s}' SECOND AS seen_watermark
 FROM rum_events
 WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL AND e2e_ms IS NOT NULL;
 
@@ -27,18 +32,18 @@ CREATE TEMPORARY VIEW late_rows AS
 SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`, ts,
        seen_watermark AS `watermark`, e2e_ms
 FROM inference_valid
-WHERE seen_watermark IS NOT NULL AND ts <= seen_watermark
+WHERE ts <= seen_watermark
 UNION ALL
 SELECT 'late' AS kind, 'rum' AS event_type, event_id, trace_id, CAST(NULL AS STRING) AS experiment,
        CAST(NULL AS STRING) AS `variant`, ts, seen_watermark AS `watermark`, e2e_ms
 FROM rum_valid
-WHERE seen_watermark IS NOT NULL AND ts <= seen_watermark;
+WHERE ts <= seen_watermark;
 
 CREATE TEMPORARY VIEW inference_on_time AS
-SELECT * FROM inference_valid WHERE seen_watermark IS NULL OR ts > seen_watermark;
+SELECT * FROM inference_valid WHERE ts > seen_watermark;
 
 CREATE TEMPORARY VIEW rum_on_time AS
-SELECT * FROM rum_valid WHERE seen_watermark IS NULL OR ts > seen_watermark;
+SELECT * FROM rum_valid WHERE ts > seen_watermark;
 
 -- One row per event_id and window; window_time (window end - 1 ms) carries event time on.
 CREATE TEMPORARY VIEW inference_dedup AS

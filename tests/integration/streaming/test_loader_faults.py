@@ -1,0 +1,115 @@
+"""The loader against a real broker and a real ClickHouse engine (chDB): crash mid-batch,
+and bad records (malformed JSON, wrong types, unknown experiment, oversized)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+
+import pytest
+
+from ablab.streaming.flink import reference as ref
+from ablab.streaming.flink.harness import PipelineTopics, RawProducer
+from ablab.streaming.loader.service import Loader
+from ablab.streaming.store import apply_ddl, make_client, queries
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+class _CrashAfterInsert(Loader):
+    """Dies between the ClickHouse insert and the offset commit: the worst moment."""
+
+    def _commit(self) -> None:
+        raise RuntimeError("simulated crash after insert, before commit")
+
+
+@pytest.fixture
+def store(tmp_path):
+    client = make_client(f"chdb:///{tmp_path / 'chdb'}")
+    apply_ddl(client)
+    yield client
+    client.close()
+
+
+def _run(loader: Loader, *, idle_exit_s: float = 3.0) -> BaseException | None:
+    failure: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            loader.run(threading.Event(), idle_exit_s=idle_exit_s)
+        except BaseException as exc:  # noqa: BLE001 — the test inspects it
+            failure.append(exc)
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    thread.join(timeout=120)
+    assert not thread.is_alive()
+    return failure[0] if failure else None
+
+
+def test_a_loader_killed_between_insert_and_commit_loads_everything_once(kafka_broker, store):
+    topics = PipelineTopics.unique("ldr")
+    topics.create(bootstrap=kafka_broker)
+    stream = ref.canned_stream(start=datetime(2026, 3, 1, tzinfo=UTC), windows=3, per_window=100, experiment="ldr")
+    producer = RawProducer(kafka_broker)
+    producer.send(topics.inference, stream.inference)  # includes producer-retry duplicates
+    producer.send(topics.feedback, stream.feedback)
+    producer.close()
+    common = dict(group_id=f"{topics.prefix}-loader", topics=(topics.inference, topics.feedback),
+                  windows_topic=topics.windows, deadletter_topic=topics.deadletter, batch_max_records=150)
+
+    crashed = _CrashAfterInsert(store, kafka_broker, **common)
+    failure = _run(crashed)
+    assert isinstance(failure, RuntimeError)
+    assert sum(crashed.stats.loaded.values()) > 0  # rows reached ClickHouse, offsets did not
+
+    restarted = Loader(store, kafka_broker, **common)
+    assert _run(restarted) is None
+    # The first batch was delivered twice ...
+    assert restarted.stats.consumed == len(stream.inference) + len(stream.feedback)
+    # ... and counted once: one row per event_id.
+    distinct = len(ref.dedup(stream.inference))
+    assert store.query("SELECT count() FROM raw_events FINAL WHERE type = 'inference'").result_rows[0][0] == distinct
+    aggregates = queries.variant_unit_aggregates(store, experiment="ldr")
+    assert sum(row["n"] for row in aggregates) == distinct
+    assert sum(row["e2e_sum"] for row in aggregates) == sum(e["e2e_ms"] for e in ref.dedup(stream.inference))
+    assert sum(row["labeled"] for row in aggregates) == len({f["trace_id"] for f in stream.feedback})
+
+
+def test_bad_records_are_dead_lettered_counted_and_the_loader_keeps_going(kafka_broker, store):
+    topics = PipelineTopics.unique("bad")
+    topics.create(bootstrap=kafka_broker)
+    good = ref.canned_stream(start=datetime(2026, 3, 2, tzinfo=UTC), windows=1, per_window=20, experiment="known",
+                             duplicate_rate=0.0).inference
+    template = dict(good[0], event_id="x1", trace_id="x1")
+    bad = [
+        b'{"type": "inference", "event_id": ',                                      # malformed JSON
+        json.dumps(dict(template, event_id="x2", e2e_ms="fast")).encode(),          # wrong type
+        json.dumps(dict(template, event_id="x3", experiment="ghost")).encode(),     # unknown experiment
+        json.dumps(dict(template, event_id="x4", strategy="s" * 100_000)).encode(),  # oversized
+    ]
+    producer = RawProducer(kafka_broker)
+    producer.send(topics.inference, good[:10])
+    producer.send(topics.inference, bad, key=b"bad")
+    producer.send(topics.inference, good[10:])
+    producer.close()
+
+    loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
+                    windows_topic=topics.windows, deadletter_topic=topics.deadletter,
+                    known_experiments=lambda: {"known"})
+    assert _run(loader) is None
+    assert loader.stats.dead_lettered == {"$": 2, "e2e_ms": 1, "experiment": 1}
+    assert queries.dead_letter_counts(store) == {"$": 2, "e2e_ms": 1, "experiment": 1}
+    assert store.query("SELECT count() FROM raw_events FINAL").result_rows[0][0] == len(good)  # all good ones, after the bad
+
+    from kafka import KafkaConsumer
+
+    consumer = KafkaConsumer(topics.deadletter, bootstrap_servers=kafka_broker, auto_offset_reset="earliest",
+                             consumer_timeout_ms=5000)
+    letters = [json.loads(record.value) for record in consumer]
+    consumer.close()
+    assert sorted(letter["field"] for letter in letters) == ["$", "$", "e2e_ms", "experiment"]
+    assert any("malformed JSON" in letter["message"] for letter in letters)
+    assert any("limit" in letter["message"] for letter in letters)
+    assert all(letter["source"] == f"loader:{topics.inference}" for letter in letters)

@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     bucket_space: int = Field(default=10_000, ge=10_000, description="Assignment buckets per hash space.")
     sdk_refresh_s: float = Field(default=10.0, gt=0)
     log_level: str = "INFO"
+    analytics: bool = Field(default=True, description="The API opens the ClickHouse store (results routes).")
+    run_loader: bool | None = Field(default=None, description="Run the Kafka → ClickHouse loader in the API; default: when embedded.")
+    guardrail_interval_s: float = Field(default=30.0, ge=0, description="Guardrail checks every N s; 0 = off.")
+    max_event_batch_bytes: int = Field(default=5_000_000, ge=1024, description="Largest accepted ingestion body.")
 
     @field_validator("home")
     @classmethod

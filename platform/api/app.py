@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from ablab.platform.api import problems
-from ablab.platform.api.routers import assign, experiments, health, keys, layers
+from ablab.platform.api.routers import assign, experiments, health, keys, layers, results
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
 from ablab.platform.registry.db import make_engine, make_sessionmaker
@@ -49,6 +49,39 @@ class _MetricsMiddleware:
                 state.metrics.latency.labels(template).observe(time.perf_counter() - start)
 
 
+def _analytics(state: AppState) -> Any:
+    from ablab.platform.analytics.guardian import GuardrailMonitor
+    from ablab.platform.analytics.store import AnalyticsStore
+    from ablab.platform.registry.db import transaction
+    from ablab.platform.registry.service import list_experiments
+
+    settings = state.settings
+
+    def known_experiments() -> set[str]:
+        with transaction(state.sessions) as session:
+            items, _ = list_experiments(session, limit=10_000)
+            return {e.key for e in items}
+
+    embedded = settings.resolved_clickhouse_url.startswith("chdb")
+    run_loader = settings.run_loader if settings.run_loader is not None else embedded
+    store = AnalyticsStore(settings, run_loader=run_loader, known_experiments=known_experiments)
+    state.extras["analytics"] = store
+    state.extras.setdefault("readiness", {})["clickhouse"] = store.ping
+    monitor = GuardrailMonitor(state.sessions, store.client, interval_s=settings.guardrail_interval_s) if settings.guardrail_interval_s > 0 else None
+
+    class _Both:
+        def close(self) -> None:
+            if monitor is not None:
+                monitor.close()
+            store.close()
+
+    return _Both()
+
+
+def _default_extensions(settings: Settings) -> list[Extension]:
+    return [_analytics] if settings.analytics else []
+
+
 def create_app(settings: Settings | None = None, *, extensions: list[Extension] | None = None) -> FastAPI:
     settings = settings or get_settings()
 
@@ -57,7 +90,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
         engine = make_engine(settings.resolved_database_url)
         state = AppState.build(settings, engine, make_sessionmaker(engine))
         app.state.ablab = state
-        started = [ext(state) for ext in (extensions or [])]
+        started = [ext(state) for ext in (_default_extensions(settings) + (extensions or []))]
         try:
             yield
         finally:
@@ -73,7 +106,8 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
         lifespan=lifespan,
     )
     problems.install(app)
-    for module in (health, experiments, layers, assign, keys):
+    for module in (health, experiments, layers, assign, keys, results):
         app.include_router(module.router)
+    app.include_router(keys.whoami_router)
     app.add_middleware(_MetricsMiddleware)
     return app

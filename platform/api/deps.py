@@ -61,6 +61,11 @@ def require(scope: Scope) -> Callable[..., Principal]:
     return dependency
 
 
+def require_any(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    """Any valid token, whatever its scope."""
+    return _principal(state, authorization)
+
+
 Viewer = Annotated[Principal, Depends(require(Scope.viewer))]
 Editor = Annotated[Principal, Depends(require(Scope.editor))]
 Admin = Annotated[Principal, Depends(require(Scope.admin))]

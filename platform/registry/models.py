@@ -58,7 +58,7 @@ class Experiment(Base):
     holdout_id: Mapped[int | None] = mapped_column(ForeignKey("holdouts.id"), nullable=True)
     targeting: Mapped[list[Any]] = mapped_column(default=list)
     forced: Mapped[dict[str, Any]] = mapped_column(default=dict)
-    metrics: Mapped[list[Any]] = mapped_column(default=list)
+    metrics: Mapped[dict[str, Any]] = mapped_column(default=dict)
     guardrails: Mapped[list[Any]] = mapped_column(default=list)
     version: Mapped[int] = mapped_column(Integer, nullable=False)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -67,23 +67,59 @@ class TargetingRule(_Strict):
         return self
 
 
-class MetricSpec(_Strict):
-    metric: str = Field(pattern=r"^[a-z0-9_]+$")
-    direction: str = Field(default="decrease", pattern="^(increase|decrease)$")
+def _known_metric(name: str) -> str:
+    from ablab.platform.stats.metrics import METRICS
+
+    if name not in METRICS:
+        raise ValueError(f"unknown metric {name!r}; known: {', '.join(METRICS)}")
+    return name
 
 
 class Guardrail(_Strict):
-    metric: str = Field(pattern=r"^[a-z0-9_]+$")
-    max: float | None = Field(default=None, description="Absolute ceiling (e.g. p95 TTFT SLA in ms).")
-    min: float | None = Field(default=None, description="Absolute floor (e.g. accuracy).")
-    non_inferiority_margin: float | None = Field(default=None, ge=0, description="Relative margin vs control.")
-    auto_pause: bool = True
+    """Same shape the stats engine reads (``ablab.platform.stats.spec``)."""
+
+    metric: str
+    max: float | None = Field(default=None, description="SLA ceiling on the variant's value (e.g. p95 TTFT ms).")
+    min: float | None = Field(default=None, description="SLA floor (e.g. accuracy).")
+    margin: float | None = Field(default=None, ge=0, description="Non-inferiority margin against control.")
+    relative: bool = Field(default=False, description="Margin is relative to control's value.")
+    pause: bool = Field(default=True, description="A breach pauses the variant automatically.")
+
+    @field_validator("metric")
+    @classmethod
+    def _metric(cls, value: str) -> str:
+        return _known_metric(value)
 
     @model_validator(mode="after")
     def _something(self) -> "Guardrail":
-        if self.max is None and self.min is None and self.non_inferiority_margin is None:
-            raise ValueError("a guardrail needs max, min or non_inferiority_margin")
+        if self.max is None and self.min is None and self.margin is None:
+            raise ValueError("a guardrail needs max, min (SLA) or margin (non-inferiority)")
         return self
+
+
+class Metrics(_Strict):
+    """What to report and decide on; SLOs define goodput."""
+
+    primary: list[str] = Field(default_factory=lambda: ["e2e_ms"], min_length=1)
+    report: list[str] | None = Field(default=None, description="Metrics to report; all by default.")
+    slos: dict[str, float] = Field(default_factory=dict, description="metric → max, e.g. {ttft_ms: 500}.")
+
+    @field_validator("primary", "report")
+    @classmethod
+    def _known(cls, names: list[str] | None) -> list[str] | None:
+        return [_known_metric(n) for n in names] if names is not None else None
+
+    @field_validator("slos")
+    @classmethod
+    def _slos(cls, slos: dict[str, float]) -> dict[str, float]:
+        from ablab.platform.stats.metrics import SLO_METRICS
+
+        for name, bound in slos.items():
+            if name not in SLO_METRICS:
+                raise ValueError(f"SLOs may bound {', '.join(SLO_METRICS)}, not {name!r}")
+            if bound <= 0:
+                raise ValueError(f"SLO for {name} must be positive")
+        return slos
 
 
 def _check_variants(variants: list[VariantIn], control: str | None) -> None:
@@ -107,7 +143,7 @@ class ExperimentCreate(_Strict):
     traffic: float = Field(ge=0, le=1)
     control: str = Field(pattern=KEY_PATTERN)
     variants: list[VariantIn] = Field(min_length=2, max_length=64)
-    metrics: list[MetricSpec] = Field(default_factory=list)
+    metrics: Metrics = Field(default_factory=Metrics)
     guardrails: list[Guardrail] = Field(default_factory=list)
     targeting: list[TargetingRule] = Field(default_factory=list)
     forced: dict[str, str] = Field(default_factory=dict, description="unit id → variant key, for test units.")
@@ -133,7 +169,7 @@ class ExperimentUpdate(_Strict):
     traffic: float | None = Field(default=None, ge=0, le=1)
     control: str | None = Field(default=None, pattern=KEY_PATTERN)
     variants: list[VariantIn] | None = Field(default=None, min_length=2, max_length=64)
-    metrics: list[MetricSpec] | None = None
+    metrics: Metrics | None = None
     guardrails: list[Guardrail] | None = None
     targeting: list[TargetingRule] | None = None
     forced: dict[str, str] | None = None
@@ -161,7 +197,7 @@ class ExperimentRead(BaseModel):
     layer_range: tuple[int, int] | None
     holdout: str | None
     variants: list[VariantOut]
-    metrics: list[dict[str, Any]]
+    metrics: dict[str, Any]
     guardrails: list[dict[str, Any]]
     targeting: list[dict[str, Any]]
     forced: dict[str, str]

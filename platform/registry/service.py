@@ -214,7 +214,7 @@ def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, b
         holdout=holdout,
         targeting=[r.model_dump(mode="json") for r in data.targeting],
         forced=dict(data.forced),
-        metrics=[m.model_dump(mode="json") for m in data.metrics],
+        metrics=data.metrics.model_dump(mode="json"),
         guardrails=[g.model_dump(mode="json") for g in data.guardrails],
         variants=_variants(data.variants),
     )
@@ -279,7 +279,7 @@ def update_experiment(
     if data.targeting is not None:
         exp.targeting = [r.model_dump(mode="json") for r in data.targeting]
     if data.metrics is not None:
-        exp.metrics = [m.model_dump(mode="json") for m in data.metrics]
+        exp.metrics = data.metrics.model_dump(mode="json")
     if data.guardrails is not None:
         exp.guardrails = [g.model_dump(mode="json") for g in data.guardrails]
     _flush_versioned(session, exp)

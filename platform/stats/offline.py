@@ -176,8 +176,14 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     type_ok = (type_codes >= 0) & known_type[np.maximum(type_codes, 0)] if type_labels.size else np.zeros(n, dtype=bool)
     reasons[mine & ~type_ok] = _REASON["unknown_type"]
 
-    trace, _ = _encode(table, "trace_id", labels=False)
-    unit_codes, _ = _encode(table, "unit_id", labels=False)
+    # the two id columns are the costliest step (hashing ~1 M strings each); Arrow
+    # releases the GIL, so encode them side by side
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        trace_job = pool.submit(_encode, table, "trace_id", labels=False)
+        unit_codes, _ = _encode(table, "unit_id", labels=False)
+        trace, _ = trace_job.result()
     var_codes, var_labels = _encode(table, "variant")
     ts = _timestamps_ms(table)
     lat = {name: _float(table, name) for name in LATENCIES}

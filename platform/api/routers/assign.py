@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response
+from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from ablab.platform.api.deps import Sdk, StateDep
@@ -52,22 +53,24 @@ def _out(a: Any) -> dict[str, Any]:
     return {"experiment": a.experiment, "variant": a.variant, "strategy": a.strategy}
 
 
-@router.post("/assign")
-def assign_unit(body: AssignRequest, state: StateDep, _: Sdk) -> AssignResponse:
+# Routes return JSONResponse directly: the payload is built from trusted engine output, so
+# FastAPI's response validation would only cost time on the hottest path.
+@router.post("/assign", response_model=AssignResponse)
+def assign_unit(body: AssignRequest, state: StateDep, _: Sdk) -> JSONResponse:
     cache = state.assignments.current()
     found = assign(cache.config, body.unit_id, body.attributes, body.experiments)
     for a in found:
         state.metrics.assignments.labels(a.experiment, a.variant).inc()
-    return AssignResponse.model_construct(assignments=[_out(a) for a in found])
+    return JSONResponse({"assignments": [_out(a) for a in found]})
 
 
-@router.post("/assign/batch")
-def assign_units(body: BatchRequest, state: StateDep, _: Sdk) -> BatchResponse:
+@router.post("/assign/batch", response_model=BatchResponse)
+def assign_units(body: BatchRequest, state: StateDep, _: Sdk) -> JSONResponse:
     cache = state.assignments.current()
     ids = [u.unit_id for u in body.units]
     attrs = [u.attributes for u in body.units] if any(u.attributes for u in body.units) else None
     results = assign_batch(cache.config, ids, attrs, body.experiments)
-    return BatchResponse.model_construct(results=[[_out(a) for a in unit] for unit in results])
+    return JSONResponse({"results": [[_out(a) for a in unit] for unit in results]})
 
 
 @router.get("/sdk/config", responses={304: {"description": "Not modified (If-None-Match matched)"}})

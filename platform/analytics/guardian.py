@@ -1,0 +1,66 @@
+"""Guardrail automation: a breached guardrail pauses its variant and says why in the audit log."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from ablab.platform.analytics import service
+from ablab.platform.registry import service as registry
+from ablab.platform.registry.db import transaction
+from ablab.platform.registry.schemas import Status
+from ablab.platform.stats.decisions import guardrail_breaches
+
+log = logging.getLogger(__name__)
+ACTOR = "guardrail-monitor"
+
+
+def enforce_guardrails(sessions: sessionmaker[Session], client: Any) -> list[dict[str, str]]:
+    """One pass over running experiments; returns the pauses made."""
+    paused: list[dict[str, str]] = []
+    with transaction(sessions) as session:
+        running, _ = registry.list_experiments(session, status=Status.running, limit=500)
+        reads = [registry.to_read(e) for e in running]
+    for exp in reads:
+        if not exp.guardrails:
+            continue
+        try:
+            result = service.results(client, exp)
+        except Exception:  # noqa: BLE001 - one broken experiment must not stop the others
+            log.exception("guardrail check of %s failed", exp.key)
+            continue
+        live = {v.key for v in exp.variants if not v.paused}
+        for breach in guardrail_breaches(result):
+            if breach["variant"] not in live:
+                continue
+            with transaction(sessions) as session:
+                registry.pause_variant(
+                    session, key=exp.key, variant=breach["variant"], reason=f"guardrail {breach['metric']}: {breach['reason']}", actor=ACTOR
+                )
+            paused.append({"experiment": exp.key, **breach})
+            log.warning("paused %s/%s: %s", exp.key, breach["variant"], breach["reason"])
+    return paused
+
+
+class GuardrailMonitor:
+    def __init__(self, sessions: sessionmaker[Session], client: Any, *, interval_s: float) -> None:
+        self._sessions = sessions
+        self._client = client
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ablab-guardrails", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                enforce_guardrails(self._sessions, self._client)
+            except Exception:  # noqa: BLE001 - keep monitoring
+                log.exception("guardrail pass failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)

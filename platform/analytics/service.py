@@ -1,0 +1,49 @@
+"""Registry experiment → stats spec → results, time series and attribution from the store."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ablab.platform.errors import Invalid
+from ablab.platform.registry.schemas import ExperimentRead
+from ablab.platform.stats.spec import ExperimentSpec, SpecError, parse_spec
+
+
+def stats_spec(exp: ExperimentRead) -> ExperimentSpec:
+    metrics = dict(exp.metrics or {})
+    data: dict[str, Any] = {
+        "key": exp.key,
+        "control": exp.control,
+        "unit": exp.unit.value,
+        "variants": [{"key": v.key, "weight": v.weight, "strategy": v.strategy} for v in exp.variants],
+        "guardrails": exp.guardrails,
+        "metrics": {k: v for k, v in metrics.items() if v is not None},
+    }
+    if exp.started_at is not None:
+        data["start"] = exp.started_at.isoformat()
+    try:
+        return parse_spec(data)
+    except SpecError as exc:
+        raise Invalid(f"experiment '{exp.key}' cannot be analyzed: {exc}", field=str(exc).split(":")[0]) from exc
+
+
+def results(client: Any, exp: ExperimentRead) -> dict[str, Any]:
+    from ablab.platform.stats.store_query import results_from_store
+
+    return results_from_store(client, stats_spec(exp))
+
+
+def attribution(client: Any, exp: ExperimentRead) -> dict[str, Any]:
+    from ablab.platform.stats.store_query import attribution_from_store
+
+    return attribution_from_store(client, stats_spec(exp))
+
+
+def timeseries(client: Any, exp: ExperimentRead, *, metric: str) -> dict[str, Any]:
+    from ablab.platform.stats.timeseries import timeseries as shape
+    from ablab.streaming.store.queries import window_rows
+
+    try:
+        return shape(window_rows(client, experiment=exp.key), experiment=exp.key, metric=metric)
+    except ValueError as exc:
+        raise Invalid(str(exc), field="metric") from exc

@@ -1,0 +1,157 @@
+"""Benchmark the stats engine's two entry points.
+
+1. ``ablab analyze`` on a 1 M-row Parquet event file, end to end (a fresh process:
+   imports, read, validate, aggregate, engine, JSON) — goal ≤ 3 s.
+2. Results for an experiment with 10 M raw events in ClickHouse (chDB through
+   clickhouse-connect): the per-unit GROUP BY, two histogram queries, exposures and the
+   engine — goal ≤ 2 s. Timed with and without ``FINAL`` (dedup by event_id at read).
+
+Usage: .venv/bin/python benchmarks/bench_analyze.py [--rows 1000000] [--store-rows 10000000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+from ablab.platform.stats.spec import parse_spec
+from ablab.platform.stats.synthetic import spec_dict, synthetic_events, write_events
+
+ABLAB = str(Path(sys.executable).with_name("ablab"))
+SPEC = spec_dict(
+    slos={"ttft_ms": 200, "tpot_ms": 25},
+    guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.02}],
+)
+
+
+def _child_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def _self_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)  # chDB runs inside this process
+    return r.ru_utime + r.ru_stime
+
+
+def bench_cli(rows: int, repeat: int, work: Path) -> None:
+    # ~1.29 events per request (labels for 20 %, one exposure per user): size the file to `rows` events
+    requests = int(rows / 1.29)
+    events = synthetic_events(n_requests=requests, n_units=max(requests // 10, 10), seed=1)
+    events = events.iloc[:rows]
+    path = write_events(events, work / "events.parquet")
+    cfg = work / "exp.yaml"
+    cfg.write_text(yaml.safe_dump(SPEC))
+    times, cpu = [], []
+    for _ in range(repeat):
+        c0 = _child_cpu()
+        t = time.perf_counter()
+        out = subprocess.run([ABLAB, "analyze", str(path), "--config", str(cfg), "--json"], capture_output=True, text=True)
+        times.append(time.perf_counter() - t)
+        cpu.append(_child_cpu() - c0)
+        if out.returncode:
+            raise SystemExit(out.stderr)
+    result = json.loads(out.stdout)
+    c0 = _child_cpu()
+    help_t = time.perf_counter()
+    subprocess.run([ABLAB, "--help"], capture_output=True)
+    help_t, help_cpu = time.perf_counter() - help_t, _child_cpu() - c0
+    print(f"[cli] ablab analyze on {len(events):,} rows ({path.stat().st_size / 2**20:.1f} MiB parquet): "
+          f"wall median {statistics.median(times):.2f} s (min {min(times):.2f}), CPU median {statistics.median(cpu):.2f} s "
+          f"over {repeat} runs; `ablab --help` alone: wall {help_t:.2f} s, CPU {help_cpu:.2f} s; "
+          f"load avg {os.getloadavg()[0]:.1f}; metrics rows {len(result['metrics'])}")
+
+
+INSERT_INFERENCE = """
+INSERT INTO raw_events (event_id, type, ts, trace_id, experiment, variant, unit_id, ttft_ms, e2e_ms, tpot_ms,
+                        output_tokens, cost_usd, price_version, error, strategy, source, payload, kafka_partition, kafka_offset)
+SELECT concat('i', toString(number)), 'inference',
+       toDateTime64('2026-12-01 00:00:00', 3, 'UTC') + toIntervalMillisecond(intDiv(number * 3600000, {n:UInt64})),
+       concat('t', toString(number)), 'bench', if(u % 2 = 0, 'control', 'compressed'), concat('u', toString(u)),
+       120 * exp(randNormal(0, 0.35)) * if(u % 2 = 0, 1.0, 0.9) AS ttft,
+       ttft + 40 * 18 * exp(randNormal(0, 0.2)) * if(u % 2 = 0, 1.0, 0.9),
+       18 * exp(randNormal(0, 0.2)) * if(u % 2 = 0, 1.0, 0.9), 41,
+       0.0001 * exp(randNormal(0, 0.3)), 'p1', if(rand() % 100 = 0, 'timeout', NULL), '{{}}', '', '', 0, number
+FROM (SELECT number, cityHash64(number, 7) % {units:UInt64} AS u FROM numbers({n:UInt64}))
+"""
+INSERT_FEEDBACK = """
+INSERT INTO raw_events (event_id, type, ts, trace_id, experiment, variant, unit_id, correct, price_version,
+                        strategy, source, payload, kafka_partition, kafka_offset)
+SELECT concat('f', toString(number)), 'feedback', toDateTime64('2026-12-01 01:00:00', 3, 'UTC'),
+       concat('t', toString(number)), '', '', '', toUInt8(rand() % 100 < 80), '', '', 'human', '', 0, number
+FROM numbers({n:UInt64}) WHERE number % {every:UInt64} = 0
+"""
+INSERT_EXPOSURE = """
+INSERT INTO raw_events (event_id, type, ts, trace_id, experiment, variant, unit_id, price_version, strategy,
+                        source, payload, kafka_partition, kafka_offset)
+SELECT concat('x', toString(number)), 'exposure', toDateTime64('2026-12-01 00:00:00', 3, 'UTC'), '', 'bench',
+       if(number % 2 = 0, 'control', 'compressed'), concat('u', toString(number)), '', '', '', '', 0, number
+FROM numbers({units:UInt64})
+"""
+
+
+def bench_store(rows: int, repeat: int, work: Path) -> None:
+    from ablab.platform.stats.store_query import results_from_store
+    from ablab.streaming.store import apply_ddl, make_client
+
+    client = make_client(f"chdb:///{work / 'chdb'}")
+    apply_ddl(client)
+    units = 100_000
+    # 85 % inference, 15 % labels (every 6th request is labelled, late), plus one exposure per user
+    n_inf = int((rows - units) / (1 + 1 / 5.67))
+    t = time.perf_counter()
+    client.command(INSERT_INFERENCE, parameters={"n": n_inf, "units": units})
+    client.command(INSERT_FEEDBACK, parameters={"n": n_inf, "every": 6})
+    client.command(INSERT_EXPOSURE, parameters={"units": units})
+    client.command("OPTIMIZE TABLE raw_events FINAL")
+    total = client.query("SELECT count() FROM raw_events").result_rows[0][0]
+    print(f"[store] loaded {total:,} raw events into chDB in {time.perf_counter() - t:.1f} s "
+          f"({n_inf:,} inference, {units:,} users)")
+    spec = parse_spec({**SPEC, "key": "bench"})
+    for final in (True, False):
+        times, cpu = [], []
+        for _ in range(repeat):
+            c0 = _self_cpu()
+            t = time.perf_counter()
+            result = results_from_store(client, spec, final=final)
+            times.append(time.perf_counter() - t)
+            cpu.append(_self_cpu() - c0)
+        e2e = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control")
+        print(f"[store] results for {total:,} events, FINAL={final}: wall median {statistics.median(times):.2f} s "
+              f"(min {min(times):.2f}), CPU median {statistics.median(cpu):.2f} s over {repeat} runs; "
+              f"load avg {os.getloadavg()[0]:.1f}; e2e_ms rel_diff {e2e['rel_diff']:+.4f}, "
+              f"decision {result['decisions'][0]['decision']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--store-rows", type=int, default=10_000_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--skip-store", action="store_true")
+    ap.add_argument("--skip-cli", action="store_true")
+    args = ap.parse_args()
+    print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; load avg {os.getloadavg()[0]:.2f}")
+    work = Path(tempfile.mkdtemp(prefix="ablab-bench-stats-"))
+    try:
+        if not args.skip_cli:
+            bench_cli(args.rows, args.repeat, work)
+        if not args.skip_store:
+            bench_store(args.store_rows, args.repeat, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -133,3 +133,22 @@ def test_process_killed_after_spooling_loses_nothing(kafka_broker: str, tmp_path
         assert emitter.counters()["replayed"] == 300
     ids = ids_of_run(kafka_broker, run, 300)
     assert set(ids) == {f"{run}-{i}" for i in range(300)} and max(ids.values()) == 1
+
+
+def test_http_ingestion_through_a_real_emitter(kafka_broker: str, tmp_path: Path) -> None:
+    from ablab.streaming.ingest import IngestStats, ingest_events
+    from ablab.streaming.kafka.topics import DEADLETTER_TOPIC
+
+    run = f"ing{time.time_ns()}"
+    good = [json.loads(numbered_event(run, i).to_json_bytes()) for i in range(20)]
+    bad = {**good[0], "event_id": f"{run}-bad", "ttft_ms": "fast"}
+    body = json.dumps([*good, bad]).encode()
+    stats = IngestStats()
+    with Emitter(config=EmitterConfig(bootstrap=kafka_broker, spool_dir=tmp_path / "spool")) as emitter:
+        result = ingest_events(body=body, sink=emitter, stats=stats)
+        assert emitter.flush(30)
+    assert (result.accepted, result.rejected) == (20, 1)
+    ids = ids_of_run(kafka_broker, run, 20)
+    assert set(ids) == {f"{run}-{i}" for i in range(20)}
+    letters = [json.loads(r.value) for r in read_topics(bootstrap=kafka_broker, topics=[DEADLETTER_TOPIC])]
+    assert [d["field"] for d in letters if f"{run}-bad" in d["raw"]] == [result.errors[0]["field"]]

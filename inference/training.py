@@ -29,18 +29,18 @@ Progress = Callable[[str, int, int, float], None]  # (phase, step, total, loss)
 class TrainConfig:
     seed: int = 20260101
     threads: int = 1  # one thread: reproducible, and 2-thread OpenMP stalls on a busy shared CPU
-    batch_size: int = 40
-    base_steps: int = 900
-    base_lr: float = 3e-3
-    adapter_steps: int = 200
-    adapter_lr: float = 4e-3
+    batch_size: int = 32
+    base_steps: int = 1000
+    base_lr: float = 5e-3
+    adapter_steps: int = 120
+    adapter_lr: float = 5e-3
     adapter_rank: int = 8
     adapter_alpha: float = 16.0
     predictor_rank: int = 32
-    predictor_steps: int = 150
+    predictor_steps: int = 60
     base_mix: dict[str, float] = field(default_factory=lambda: {"arith": 0.5, "lookup": 0.5})
     eval_n: int = 400
-    model: dict = field(default_factory=lambda: {"d_model": 128, "n_heads": 4, "n_layers": 2, "d_ff": 2048, "max_len": 64})
+    model: dict = field(default_factory=lambda: {"d_model": 128, "n_heads": 4, "n_layers": 2, "d_ff": 1024, "max_len": 64})
 
 
 def make_batch(examples: list[tasks.Example], rng: random.Random, tok: Tokenizer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -48,7 +48,7 @@ def make_batch(examples: list[tasks.Example], rng: random.Random, tok: Tokenizer
     seqs, starts = [], []
     for ex in examples:
         template = rng.choice(("plain", "structured"))
-        cot = rng.randint(1, 8) if rng.random() < 0.15 else 0
+        cot = rng.randint(1, 8) if rng.random() < 0.1 else 0
         prompt = tok.encode(tasks.render(ex, template=template, cot_depth=cot))
         seqs.append(prompt + tok.encode(ex.answer, bos=False) + [tok.eos_id])
         starts.append(len(prompt))
@@ -65,7 +65,7 @@ def _lr(step: int, total: int, peak: float) -> float:
     warm = max(1, total // 20)
     if step < warm:
         return peak * (step + 1) / warm
-    return peak * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+    return peak * (0.1 + 0.45 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))))
 
 
 def _sample_mix(mix: dict[str, float], rng: random.Random, n: int) -> list[tasks.Example]:
@@ -77,7 +77,7 @@ def train_base(cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = Non
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model = TinyLM(ModelConfig(vocab_size=tok.vocab_size, **cfg.model))
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.base_lr, weight_decay=0.01, betas=(0.9, 0.98))
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.base_lr, weight_decay=0.0, betas=(0.9, 0.98))
     model.train()
     for step in range(cfg.base_steps):
         x, y, m = make_batch(_sample_mix(cfg.base_mix, rng, cfg.batch_size), rng, tok)

@@ -1,0 +1,197 @@
+"""The strategy benchmark behind ``benchmarks/bench_inference.py`` and the H200 script.
+
+Everything is measured side by side in one run: strategies are served round-robin in
+small chunks, so drift in a shared machine's load hits every row alike.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ablab.inference import tasks
+from ablab.inference.assets import Bundle
+from ablab.inference.engine import Engine, GenRequest
+from ablab.inference.evaluate import accuracy
+from ablab.inference.pricing import load_price_table
+from ablab.inference.registry import StrategyNotServable, plan_for
+from ablab.inference.runtime.executor import Executor, RuntimeConfig
+from ablab.inference.scheduler import BatchingConfig
+from ablab.inference.serving.service import InferenceService
+from ablab.platform.strategy import Strategy
+
+
+def strategy_rows(d_ff: int) -> dict[str, dict]:
+    return {
+        "baseline (dense fp32)": {},
+        f"sparse_ffn_k={d_ff // 8}": {"sparse_ffn_k": d_ff // 8},
+        f"sparse_ffn_k={d_ff // 16}": {"sparse_ffn_k": d_ff // 16},
+        "kv_shards=4": {"kv_shards": 4},
+        "bf16": {"precision": "bf16"},
+        "int8": {"precision": "int8"},
+        "int8 + sparse k/8": {"precision": "int8", "sparse_ffn_k": d_ff // 8},
+        "lora=auto": {"lora_adapter": "auto"},
+        "template=structured": {"prompt_template": "structured"},
+        "entropy τ=0.18 w=8": {"compression": {"method": "entropy", "tau": 0.18, "window": 8}},
+        "cot_depth=2": {"cot_depth": 2},
+        "validate<0.6": {"validation_threshold": 0.6},
+    }
+
+
+@dataclass
+class RowStats:
+    ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
+    e2e: list[float] = field(default_factory=list)
+    cost: list[float] = field(default_factory=list)
+    correct: int = 0
+    n: int = 0
+    ratio: list[float] = field(default_factory=list)
+    error: str | None = None
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+def strategy_table(bundle: Bundle, *, device: str, n_per_row: int = 60, chunk: int = 6, domains: tuple[str, ...] = tasks.DOMAINS, seed: int = 3) -> dict[str, RowStats]:
+    """Batch-1 serving of a fixed held-out request list under every strategy, interleaved."""
+    svc = InferenceService(bundle, device=device, start_engines=False)
+    prices = load_price_table()
+    rng = random.Random(seed)
+    examples = [tasks.sample(domains[i % len(domains)], rng, split="heldout") for i in range(n_per_row)]
+    rows = strategy_rows(bundle.model.cfg.d_ff)
+    stats = {name: RowStats() for name in rows}
+    plans = {}
+    for name, spec in rows.items():
+        try:
+            plans[name] = plan_for(Strategy.model_validate(spec), svc.context)
+        except StrategyNotServable as exc:
+            stats[name].error = "; ".join(exc.reasons)
+    for name, plan in plans.items():  # warm-up: build engines, touch every kernel once
+        svc.serve(text=examples[0].text, domain=examples[0].domain, plan=plan)
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    for start in range(0, n_per_row, chunk):
+        for name, plan in plans.items():
+            for ex in examples[start : start + chunk]:
+                r = svc.serve(text=ex.text, domain=ex.domain, plan=plan)
+                st = stats[name]
+                st.n += 1
+                st.ttft.append(r.ttft_s * 1000)
+                st.e2e.append(r.e2e_s * 1000)
+                if r.tpot_s is not None:
+                    st.tpot.append(r.tpot_s * 1000)
+                st.cost.append(prices.cost(device_s=r.device_s, device=svc.device_kind, when=now)[0])
+                st.correct += int(tasks.grade(ex, r.output))
+                st.ratio.append(r.compression_ratio)
+    svc.close()
+    return stats
+
+
+def decode_step_ratio(bundle: Bundle, *, device: str, ks: tuple[int, ...], precision: str = "fp32", context: int = 24, steps: int = 200, rounds: int = 5) -> dict[str, float]:
+    """Median µs per batch-1 decode step, dense vs sparse k, interleaved rounds."""
+    execs = {"dense": Executor(bundle.model, runtime=RuntimeConfig(precision=precision), predictors=bundle.predictors, device=device)}
+    for k in ks:
+        execs[f"k={k}"] = Executor(bundle.model, runtime=RuntimeConfig(precision=precision, sparse_ffn_k=k), predictors=bundle.predictors, device=device)
+    pools = {}
+    for name, ex in execs.items():
+        pools[name] = ex.new_pool(1)
+        ex.prefill(list(range(3, 3 + context)), pool=pools[name], slot=0)
+    times: dict[str, list[float]] = {n: [] for n in execs}
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    for _ in range(rounds):
+        for name, ex in execs.items():
+            for _ in range(10):
+                ex.decode([5], pool=pools[name], slots=[0], lengths=[context], adapters=[0])
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                ex.decode([5], pool=pools[name], slots=[0], lengths=[context], adapters=[0])
+            sync()
+            times[name].append((time.perf_counter() - t0) / steps * 1e6)
+    return {n: statistics.median(v) for n, v in times.items()}
+
+
+@dataclass
+class LoadResult:
+    policy: str
+    rate: float
+    n: int
+    goodput: float
+    ttft_p50: float
+    ttft_p95: float
+    tpot_p50: float
+    e2e_p50: float
+    e2e_p95: float
+
+
+def load_test(bundle: Bundle, *, device: str, batching: BatchingConfig, rate: float, duration_s: float, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5) -> LoadResult:
+    """Open-loop Poisson arrivals into one engine; goodput = requests/s meeting both SLOs."""
+    ex = Executor(bundle.model, runtime=RuntimeConfig(), predictors=bundle.predictors, adapters=bundle.adapters, device=device)
+    eng = Engine(ex, batching=batching, eos_id=bundle.tokenizer.eos_id, slots=max(batching.max_batch, 1)).start()
+    rng = random.Random(seed)
+    tok = bundle.tokenizer
+    reqs: list[GenRequest] = []
+    t_start = time.perf_counter()
+    t = 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t > duration_s:
+            break
+        delay = t_start + t - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        e = tasks.sample(rng.choice(tasks.BASE_DOMAINS), rng, split="heldout")
+        reqs.append(eng.submit(GenRequest(prompt_ids=tok.encode(e.text), max_new_tokens=4)))
+    deadline = time.perf_counter() + 60
+    for r in reqs:
+        r.done.wait(max(0.0, deadline - time.perf_counter()))
+    eng.stop()
+    done = [r for r in reqs if r.done.is_set()]
+    ttft = [r.ttft_s * 1000 for r in done]
+    e2e = [r.e2e_s * 1000 for r in done]
+    tpot = [(r.e2e_s - r.ttft_s) * 1000 / (len(r.tokens) - 1) for r in done if len(r.tokens) > 1]
+    good = sum(
+        1 for r in done
+        if r.ttft_s * 1000 <= slo_ttft_ms and (len(r.tokens) <= 1 or (r.e2e_s - r.ttft_s) * 1000 / (len(r.tokens) - 1) <= slo_tpot_ms)
+    )
+    name = batching.policy if batching.policy != "fixed" else f"fixed b={batching.max_batch}"
+    return LoadResult(name, rate, len(reqs), good / duration_s, _pct(ttft, 0.5), _pct(ttft, 0.95), _pct(tpot, 0.5), _pct(e2e, 0.5), _pct(e2e, 0.95))
+
+
+def lora_table(bundle: Bundle, *, device: str, n: int = 200) -> dict[str, tuple[float, float]]:
+    out = {}
+    for domain, name in sorted(bundle.adapter_domains.items()):
+        out[domain] = (accuracy(bundle, domain=domain, n=n, device=device), accuracy(bundle, domain=domain, adapter=name, n=n, device=device))
+    return out
+
+
+def format_strategy_table(stats: dict[str, RowStats]) -> str:
+    lines = [
+        "| strategy | TTFT p50 ms | TPOT p50 ms | e2e p50 ms | e2e p95 ms | accuracy | prompt kept | cost/request µ$ |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, s in stats.items():
+        if s.error:
+            lines.append(f"| {name} | n/a: {s.error} | | | | | | |")
+            continue
+        lines.append(
+            f"| {name} | {_pct(s.ttft, .5):.2f} | {_pct(s.tpot, .5):.2f} | {_pct(s.e2e, .5):.2f} | {_pct(s.e2e, .95):.2f} | "
+            f"{s.correct / max(s.n, 1):.1%} | {statistics.mean(s.ratio):.0%} | {statistics.mean(s.cost) * 1e6:.4f} |"
+        )
+    return "\n".join(lines)
+
+
+def run_threads(n: int) -> None:
+    torch.set_num_threads(n)
+    threading.current_thread().name = "bench"

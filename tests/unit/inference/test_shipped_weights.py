@@ -1,0 +1,39 @@
+"""The committed weights load, and reach the accuracy their manifest states (held-out)."""
+
+import pytest
+
+from ablab.inference import tasks
+from ablab.inference.assets import shipped_bundle
+from ablab.inference.evaluate import accuracy
+
+N = 100  # the manifest's figures use 200; 100 keeps the suite fast, hence the tolerance
+TOLERANCE = 0.08
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return shipped_bundle()
+
+
+def test_shipped_files_are_small_and_complete(bundle):
+    from ablab.inference.tokenizer import ASSETS
+
+    total = sum(p.stat().st_size for p in ASSETS.rglob("*") if p.is_file())
+    assert total < 8 * 1024 * 1024
+    assert set(bundle.adapter_domains) == set(tasks.ADAPTER_DOMAINS)
+    assert bundle.manifest["heldout_accuracy"]
+
+
+@pytest.mark.parametrize("domain", tasks.BASE_DOMAINS)
+def test_base_reaches_its_stated_accuracy(bundle, domain):
+    stated = bundle.manifest["heldout_accuracy"][domain]["base"]
+    assert accuracy(bundle, domain=domain, n=N) >= stated - TOLERANCE
+
+
+@pytest.mark.parametrize("domain", tasks.ADAPTER_DOMAINS)
+def test_each_adapter_beats_the_base_on_its_domain(bundle, domain):
+    stated = bundle.manifest["heldout_accuracy"][domain]["adapter"]
+    base = accuracy(bundle, domain=domain, n=N)
+    tuned = accuracy(bundle, domain=domain, adapter=bundle.adapter_domains[domain], n=N)
+    assert tuned >= stated - TOLERANCE
+    assert tuned >= base + 0.10

@@ -66,7 +66,9 @@ def _finish(
     se_rel = math.sqrt(var_rel) if np.isfinite(var_rel) and var_rel > 0 else NAN
     if sequential is not None:
         hw = confidence_sequence_halfwidth(var_diff, n_total, alpha=alpha, tuning_n=sequential)
-        hw_rel = confidence_sequence_halfwidth(var_rel, n_total, alpha=alpha, tuning_n=sequential) if se_rel == se_rel else NAN
+        hw_rel = (
+            confidence_sequence_halfwidth(var_rel, n_total, alpha=alpha, tuning_n=sequential) if math.isfinite(se_rel) else NAN
+        )
         p = msprt_p_value(diff, var_diff, n_total, alpha=alpha, tuning_n=sequential)
         method = f"{method}+msprt"
     else:

@@ -1,0 +1,149 @@
+"""Altair charts: data in, chart out. Every chart has a title and labelled axes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import altair as alt
+import pandas as pd
+
+from ablab.dashboards.format import metric_label, metric_unit
+
+_AXIS_UNITS = {"ms": "ms", "usd": "USD", "pct": "%"}
+
+
+def axis_title(metric: str) -> str:
+    unit = _AXIS_UNITS.get(metric_unit(metric))
+    return f"{metric_label(metric)} ({unit})" if unit else metric_label(metric)
+
+
+def _scale(metric: str, x: Any) -> Any:
+    if x is None or (isinstance(x, float) and not math.isfinite(x)):
+        return None
+    return x * 100 if metric_unit(metric) == "pct" else x
+
+
+def timeseries_frame(series: Mapping[str, Any], *, cumulative: bool) -> pd.DataFrame:
+    metric = series.get("metric", "")
+    rows = []
+    for s in series.get("series", []):
+        for p in s.get("points", []):
+            point = p.get("cumulative") if cumulative and p.get("cumulative") else p
+            ci = point.get("ci") or [None, None]
+            rows.append({"variant": s["variant"], "ts": pd.Timestamp(p["ts"]), "n": point.get("n"),
+                         "value": _scale(metric, point.get("value")), "lo": _scale(metric, ci[0]), "hi": _scale(metric, ci[1])})
+    return pd.DataFrame(rows, columns=["variant", "ts", "n", "value", "lo", "hi"])
+
+
+def timeseries_chart(series: Mapping[str, Any], *, cumulative: bool = True) -> alt.LayerChart:
+    metric = series.get("metric", "")
+    df = timeseries_frame(series, cumulative=cumulative)
+    kind = "running (cumulative)" if cumulative else "per 10 s window"
+    base = alt.Chart(df).encode(
+        x=alt.X("ts:T", title="Window start (UTC)"),
+        color=alt.Color("variant:N", title="Variant"),
+    )
+    band = base.mark_area(opacity=0.18).encode(y=alt.Y("lo:Q", title=axis_title(metric)), y2="hi:Q")
+    line = base.mark_line(point=len(df) < 200).encode(
+        y=alt.Y("value:Q", title=axis_title(metric)),
+        tooltip=["variant", alt.Tooltip("ts:T", title="window"), alt.Tooltip("value:Q", format=",.4g"), alt.Tooltip("n:Q", format=",.0f")],
+    )
+    return (band + line).properties(title=f"{metric_label(metric)}, {kind}, with 95% CI", height=300)
+
+
+def latency_distribution_chart(frames: Mapping[str, Mapping[str, Any]]) -> alt.Chart:
+    """Per variant, the spread of the 10 s windows' p50/p95/p99 latency (box per quantile)."""
+    rows = []
+    for metric, series in frames.items():
+        quantile = metric.rsplit("_", 1)[1]
+        for s in series.get("series", []):
+            for p in s.get("points", []):
+                if p.get("value") is not None:
+                    rows.append({"variant": s["variant"], "quantile": quantile, "latency_ms": p["value"]})
+    df = pd.DataFrame(rows, columns=["variant", "quantile", "latency_ms"])
+    return alt.Chart(df).mark_boxplot(extent="min-max").encode(
+        x=alt.X("variant:N", title="Variant"),
+        y=alt.Y("latency_ms:Q", title="End-to-end latency (ms)", scale=alt.Scale(zero=False)),
+        color=alt.Color("variant:N", legend=None),
+        column=alt.Column("quantile:N", title="Window quantile", sort=["p50", "p95", "p99"]),
+    ).properties(title="Latency distribution across 10 s windows", width=160, height=260)
+
+
+def estimates_chart(result: Mapping[str, Any], metrics: Sequence[str]) -> alt.Chart:
+    """Each variant's estimate with its CI, one small panel per metric (latency side by side)."""
+    rows = [{"metric": axis_title(r["metric"]), "variant": r["variant"], "estimate": r["estimate"],
+             "lo": (r.get("ci") or [None, None])[0], "hi": (r.get("ci") or [None, None])[1]}
+            for r in result.get("metrics", []) if r["metric"] in metrics and r.get("estimate") is not None]
+    df = pd.DataFrame(rows, columns=["metric", "variant", "estimate", "lo", "hi"])
+    base = alt.Chart(df).encode(y=alt.Y("variant:N", title="Variant"), color=alt.Color("variant:N", legend=None))
+    layered = base.mark_rule(strokeWidth=2).encode(x=alt.X("lo:Q", title="Estimate with 95% CI", scale=alt.Scale(zero=False)), x2="hi:Q") + \
+        base.mark_point(filled=True, size=80).encode(x="estimate:Q", tooltip=["variant", alt.Tooltip("estimate:Q", format=",.4g")])
+    return layered.properties(width=260, height=30 * max(2, df["variant"].nunique())).facet(
+        facet=alt.Facet("metric:N", title=None), columns=2
+    ).resolve_scale(x="independent").properties(title="Latency per variant (mean and p95)")
+
+
+def pareto_frame(attribution: Mapping[str, Any]) -> pd.DataFrame:
+    pts = attribution.get("pareto", {}).get("points", [])
+    df = pd.DataFrame([{
+        "variant": p["variant"], "latency_ms": p.get("e2e_ms"),
+        "accuracy_pct": _scale("accuracy", p.get("accuracy")),
+        "cost_per_1k_usd": p["cost_usd"] * 1000 if p.get("cost_usd") is not None else None,
+        "frontier": "on the frontier" if p.get("on_frontier") else "dominated",
+        "dominated_by": ", ".join(p.get("dominated_by") or []) or "—",
+    } for p in pts], columns=["variant", "latency_ms", "accuracy_pct", "cost_per_1k_usd", "frontier", "dominated_by"])
+    return df
+
+
+def pareto_chart(attribution: Mapping[str, Any]) -> alt.LayerChart:
+    """Latency (x) vs accuracy (y), cost as point size; frontier variants joined by a line."""
+    df = pareto_frame(attribution)
+    frontier = df[df["frontier"] == "on the frontier"].sort_values("latency_ms")
+    points = alt.Chart(df).mark_circle(opacity=0.85, stroke="black", strokeWidth=0.5).encode(
+        x=alt.X("latency_ms:Q", title="Mean end-to-end latency (ms) — lower is better", scale=alt.Scale(zero=False)),
+        y=alt.Y("accuracy_pct:Q", title="Accuracy (%) — higher is better", scale=alt.Scale(zero=False)),
+        size=alt.Size("cost_per_1k_usd:Q", title="Cost per 1k requests (USD)", scale=alt.Scale(range=[80, 900])),
+        color=alt.Color("frontier:N", title="Pareto", scale=alt.Scale(domain=["on the frontier", "dominated"], range=["#1f77b4", "#bbbbbb"])),
+        tooltip=["variant", alt.Tooltip("latency_ms:Q", format=",.0f"), alt.Tooltip("accuracy_pct:Q", format=".2f"),
+                 alt.Tooltip("cost_per_1k_usd:Q", format=".4f"), "dominated_by"],
+    )
+    labels = alt.Chart(df).mark_text(dy=-14, fontSize=11).encode(x="latency_ms:Q", y="accuracy_pct:Q", text="variant:N")
+    line = alt.Chart(frontier).mark_line(strokeDash=[5, 3], color="#1f77b4").encode(x="latency_ms:Q", y="accuracy_pct:Q", order="latency_ms:Q")
+    return (line + points + labels).properties(title="Latency–accuracy–cost trade-off (Pareto frontier dashed)", height=380)
+
+
+def waterfall_frame(shapley: Mapping[str, Any]) -> pd.DataFrame:
+    """Bars from 0 through each factor's share to the total gain (start/end per bar)."""
+    rows, running = [], 0.0
+    for s in shapley.get("shares", []):
+        est = s.get("estimate") or 0.0
+        rows.append({"step": f"{s['factor']}: {s.get('from')} → {s.get('to')}", "start": running, "end": running + est,
+                     "share": est, "kind": "factor"})
+        running += est
+    total = (shapley.get("total") or {}).get("estimate")
+    rows.append({"step": f"total ({shapley.get('best_variant')} vs control)", "start": 0.0,
+                 "end": total if total is not None else running, "share": total, "kind": "total"})
+    return pd.DataFrame(rows, columns=["step", "start", "end", "share", "kind"])
+
+
+def waterfall_chart(shapley: Mapping[str, Any], metric: str) -> alt.Chart:
+    df = waterfall_frame(shapley)
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("step:N", title="Factor switched from the control's level", sort=None, axis=alt.Axis(labelAngle=-20, labelLimit=260)),
+        y=alt.Y("start:Q", title=f"Change in {axis_title(metric)}"),
+        y2="end:Q",
+        color=alt.Color("kind:N", title="", scale=alt.Scale(domain=["factor", "total"], range=["#4c78a8", "#f58518"])),
+        tooltip=["step", alt.Tooltip("share:Q", format=",.4g")],
+    ).properties(title=f"Shapley attribution of the {metric_label(metric).lower()} change", height=300)
+
+
+def split_chart(preview: Sequence[Mapping[str, Any]]) -> alt.Chart:
+    df = pd.DataFrame([{"segment": r["segment"], "share_pct": r["share"] * 100} for r in preview])
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("share_pct:Q", title="Share of all units (%)", scale=alt.Scale(domain=[0, 100])),
+        y=alt.Y("segment:N", title="Where units go", sort=None),
+        color=alt.Color("segment:N", legend=None),
+        tooltip=["segment", alt.Tooltip("share_pct:Q", format=".1f")],
+    ).properties(title="Split preview", height=28 * max(2, len(df)))

@@ -1,0 +1,122 @@
+"""The dashboard's only way to the data: the ablab HTTP API, with a bearer token.
+
+Errors come back as :class:`ApiError` carrying the problem+json ``detail`` and ``field``
+so a form can show the message next to the widget at fault.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class ApiError(Exception):
+    status: int
+    detail: str
+    field: str | None = None
+    errors: list[dict[str, Any]] | None = None
+
+    def __str__(self) -> str:
+        return f"{self.detail} (HTTP {self.status})"
+
+
+class ApiClient:
+    """Thin typed wrapper over the routes the dashboard uses."""
+
+    def __init__(self, base_url: str, token: str, *, timeout: float = 30.0, transport: httpx.BaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers={"Authorization": f"Bearer {token.strip()}"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, path, **kw)
+        except httpx.HTTPError as exc:
+            raise ApiError(0, f"cannot reach the ablab API at {self.base_url}: {exc}", "api_url") from exc
+        if response.status_code >= 400:
+            raise _problem(response)
+        return response
+
+    def _json(self, method: str, path: str, **kw: Any) -> Any:
+        return self._call(method, path, **kw).json()
+
+    # -- identity -------------------------------------------------------------------------
+    def whoami(self) -> dict[str, str]:
+        """``{name, scope}``; falls back to probing when the API has no ``/v1/whoami``."""
+        try:
+            return self._json("GET", "/v1/whoami")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+        return {"name": "token", "scope": self._probe_scope()}
+
+    def _probe_scope(self) -> str:
+        self._json("GET", "/v1/experiments", params={"limit": 1})  # 401/403 raise: not even a viewer
+        # An invalid body is refused with 422 only after the scope check passed (403 before).
+        try:
+            self._call("POST", "/v1/layers", json={})
+        except ApiError as exc:
+            return "editor" if exc.status == 422 else "viewer"
+        return "editor"
+
+    # -- experiments ----------------------------------------------------------------------
+    def list_experiments(self, *, status: str | None = None, owner: str | None = None, q: str | None = None,
+                         limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        params = {k: v for k, v in {"status": status, "owner": owner, "q": q, "limit": limit, "offset": offset}.items() if v not in (None, "")}
+        return self._json("GET", "/v1/experiments", params=params)
+
+    def get_experiment(self, key: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/experiments/{key}")
+
+    def create_experiment(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/experiments", json=body)
+
+    def update_experiment(self, key: str, body: dict[str, Any], *, version: int) -> dict[str, Any]:
+        return self._json("PATCH", f"/v1/experiments/{key}", json=body, headers={"If-Match": f'"{version}"'})
+
+    def lifecycle(self, key: str, action: str, *, version: int | None = None) -> dict[str, Any]:
+        headers = {"If-Match": f'"{version}"'} if version is not None else {}
+        return self._json("POST", f"/v1/experiments/{key}/{action}", headers=headers)
+
+    def audit(self, key: str, *, limit: int = 200) -> list[dict[str, Any]]:
+        return self._json("GET", f"/v1/experiments/{key}/audit", params={"limit": limit})
+
+    def layers(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/v1/layers")
+
+    def holdouts(self) -> list[dict[str, Any]]:
+        return self._json("GET", "/v1/holdouts")
+
+    # -- results --------------------------------------------------------------------------
+    def results(self, key: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/experiments/{key}/results")
+
+    def timeseries(self, key: str, *, metric: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/experiments/{key}/timeseries", params={"metric": metric})
+
+    def attribution(self, key: str) -> dict[str, Any]:
+        return self._json("GET", f"/v1/experiments/{key}/attribution")
+
+
+def _problem(response: httpx.Response) -> ApiError:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    detail = body.get("detail") or body.get("title") or response.reason_phrase or "request failed"
+    if not isinstance(detail, str):
+        detail = str(detail)
+    return ApiError(response.status_code, detail, body.get("field"), body.get("errors"))

@@ -1,0 +1,209 @@
+"""Readable numbers and units, in one place, so every page says "412 ms" the same way.
+
+Pure functions: values in, strings or tables out.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import pandas as pd
+
+# metric → (label, unit kind); the unit kind picks the formatter.
+METRIC_LABELS: dict[str, tuple[str, str]] = {
+    "e2e_ms": ("Latency (mean)", "ms"),
+    "e2e_ms_p95": ("Latency p95", "ms"),
+    "e2e_ms_p99": ("Latency p99", "ms"),
+    "ttft_ms": ("TTFT (mean)", "ms"),
+    "ttft_ms_p95": ("TTFT p95", "ms"),
+    "ttft_ms_p99": ("TTFT p99", "ms"),
+    "tpot_ms": ("TPOT (mean)", "ms"),
+    "accuracy": ("Accuracy", "pct"),
+    "cost_usd": ("Cost per request", "usd"),
+    "cost_per_correct": ("Cost per correct answer", "usd"),
+    "goodput": ("Goodput (share meeting SLOs)", "pct"),
+    "error_rate": ("Error rate", "pct"),
+    "rum_e2e_ms": ("Client-side latency (RUM)", "ms"),
+}
+# Shown first and in this order on the results page; the rest follow.
+RESULT_METRIC_ORDER = ("e2e_ms", "e2e_ms_p95", "ttft_ms", "ttft_ms_p95", "accuracy", "cost_usd", "cost_per_correct")
+DECISION_BADGES = {"ship": "🟢 ship", "no_ship": "🔴 don't ship", "keep_running": "🟡 keep running"}
+GUARDRAIL_BADGES = {"pass": "🟢 pass", "fail": "🔴 breach", "inconclusive": "🟡 pending"}
+STATUS_BADGES = {"draft": "⚪ draft", "running": "🟢 running", "paused": "🟡 paused", "stopped": "⚫ stopped"}
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def metric_label(metric: str) -> str:
+    return METRIC_LABELS.get(metric, (metric, ""))[0]
+
+
+def metric_unit(metric: str) -> str:
+    return METRIC_LABELS.get(metric, (metric, "num"))[1]
+
+
+def fmt_ms(x: Any) -> str:
+    if not _finite(x):
+        return "—"
+    if abs(x) >= 10_000:
+        return f"{x / 1000:,.1f} s"
+    return f"{x:,.0f} ms" if abs(x) >= 100 else f"{x:,.1f} ms"
+
+
+def fmt_usd(x: Any) -> str:
+    if not _finite(x):
+        return "—"
+    if x == 0:
+        return "$0"
+    if abs(x) < 0.01:  # per-request costs are fractions of a cent: show per 1k requests
+        return f"${x * 1000:,.3f} / 1k"
+    return f"${x:,.4f}"
+
+
+def fmt_pct(x: Any, *, digits: int = 1, signed: bool = False) -> str:
+    if not _finite(x):
+        return "—"
+    return f"{x * 100:+.{digits}f}%" if signed else f"{x * 100:.{digits}f}%"
+
+
+def fmt_p(p: Any) -> str:
+    if not _finite(p):
+        return "—"
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def fmt_count(x: Any) -> str:
+    return f"{x:,.0f}" if _finite(x) else "—"
+
+
+def fmt_value(metric: str, x: Any, *, signed: bool = False) -> str:
+    kind = metric_unit(metric)
+    if kind == "pct":
+        return fmt_pct(x, signed=signed, digits=2 if signed else 1)
+    sign = "+" if signed and _finite(x) and x > 0 else ""
+    if kind == "ms":
+        return sign + fmt_ms(x)
+    if kind == "usd":
+        return sign + fmt_usd(x) if not (signed and _finite(x) and x < 0) else "−" + fmt_usd(-x)
+    return f"{x:+.4g}" if signed and _finite(x) else (f"{x:.4g}" if _finite(x) else "—")
+
+
+def fmt_interval(metric: str, ci: Sequence[Any] | None, *, signed: bool = False) -> str:
+    if not ci or len(ci) != 2 or not (_finite(ci[0]) and _finite(ci[1])):
+        return "—"
+    return f"[{fmt_value(metric, ci[0], signed=signed)}, {fmt_value(metric, ci[1], signed=signed)}]"
+
+
+def verdict(row: Mapping[str, Any], alpha: float) -> str:
+    """better / worse / flat for one treatment row (adjusted p-value when present)."""
+    if row.get("method") == "control":
+        return "control"
+    p = row.get("p_value_adjusted")
+    p = row.get("p_value") if not _finite(p) else p
+    diff = row.get("abs_diff")
+    if not (_finite(p) and _finite(diff)):
+        return "no data"
+    if p >= alpha:
+        return "flat"
+    better = (diff < 0) == bool(row.get("lower_is_better", True))
+    return "better" if better else "worse"
+
+
+VERDICT_BADGES = {"better": "🟢 better", "worse": "🔴 worse", "flat": "⚪ no difference", "control": "control", "no data": "… no data"}
+
+
+def ordered_metrics(names: Sequence[str]) -> list[str]:
+    present = list(dict.fromkeys(names))
+    first = [m for m in RESULT_METRIC_ORDER if m in present]
+    return first + [m for m in present if m not in first]
+
+
+def results_table(result: Mapping[str, Any]) -> pd.DataFrame:
+    """One display row per (metric, variant): formatted strings, ready for ``st.dataframe``."""
+    alpha = float(result.get("alpha") or 0.05)
+    decisions = {d["variant"]: d["decision"] for d in result.get("decisions", [])}
+    rows = result.get("metrics", [])
+    order = {m: i for i, m in enumerate(ordered_metrics([r["metric"] for r in rows]))}
+    out = []
+    for r in sorted(rows, key=lambda r: order[r["metric"]]):
+        m = r["metric"]
+        is_control = r.get("method") == "control"
+        n = r.get("n")
+        coverage = r.get("coverage")
+        out.append({
+            "Metric": metric_label(m),
+            "Variant": r["variant"] + (" (control)" if is_control else ""),
+            "n": fmt_count(n) + (f" · {fmt_pct(coverage)} labeled" if m == "accuracy" and _finite(coverage) else ""),
+            "Estimate": fmt_value(m, r.get("estimate")),
+            "95% CI": fmt_interval(m, r.get("ci")),
+            "Difference": "—" if is_control else fmt_value(m, r.get("abs_diff"), signed=True),
+            "Relative": "—" if is_control else fmt_pct(r.get("rel_diff"), signed=True),
+            "Relative CI": "—" if is_control else _rel_ci(r.get("rel_ci")),
+            "p-value (adj.)": "—" if is_control else fmt_p(r.get("p_value_adjusted", r.get("p_value"))),
+            "Verdict": VERDICT_BADGES[verdict(r, alpha)],
+            "Decision": "—" if is_control else DECISION_BADGES.get(decisions.get(r["variant"], ""), "—"),
+        })
+    return pd.DataFrame(out)
+
+
+def _rel_ci(ci: Sequence[Any] | None) -> str:
+    if not ci or len(ci) != 2 or not (_finite(ci[0]) and _finite(ci[1])):
+        return "—"
+    return f"[{fmt_pct(ci[0], signed=True)}, {fmt_pct(ci[1], signed=True)}]"
+
+
+def results_csv(result: Mapping[str, Any]) -> str:
+    """The raw numbers (not the formatted strings) as CSV, one row per metric × variant."""
+    cols = ["metric", "variant", "units", "n", "estimate", "ci_lo", "ci_hi", "abs_diff", "abs_ci_lo", "abs_ci_hi",
+            "rel_diff", "rel_ci_lo", "rel_ci_hi", "p_value", "p_value_adjusted", "method", "coverage"]
+    records = []
+    for r in result.get("metrics", []):
+        ci, abs_ci, rel_ci = (r.get(k) or [None, None] for k in ("ci", "abs_ci", "rel_ci"))
+        records.append({
+            **{k: r.get(k) for k in ("metric", "variant", "units", "n", "estimate", "abs_diff", "rel_diff",
+                                     "p_value", "p_value_adjusted", "method", "coverage")},
+            "ci_lo": ci[0], "ci_hi": ci[1], "abs_ci_lo": abs_ci[0], "abs_ci_hi": abs_ci[1],
+            "rel_ci_lo": rel_ci[0], "rel_ci_hi": rel_ci[1],
+        })
+    return pd.DataFrame(records, columns=cols).to_csv(index=False)
+
+
+def guardrail_table(result: Mapping[str, Any]) -> pd.DataFrame:
+    rows = [{
+        "Variant": g["variant"],
+        "Metric": metric_label(g["metric"]),
+        "Kind": "SLA" if g.get("kind") == "sla" else "non-inferiority",
+        "Threshold": (fmt_pct(g["threshold"]) if g.get("relative") else fmt_value(g["metric"], g.get("threshold"))),
+        "Status": GUARDRAIL_BADGES.get(g.get("status", ""), g.get("status", "")),
+        "Auto-pause": "yes" if g.get("pause") else "no",
+        "Why": g.get("reason", ""),
+    } for g in result.get("guardrails", [])]
+    return pd.DataFrame(rows)
+
+
+def experiments_table(items: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    rows = [{
+        "Key": e["key"],
+        "Name": e.get("name", ""),
+        "Status": STATUS_BADGES.get(e.get("status", ""), e.get("status", "")),
+        "Owner": e.get("owner") or "—",
+        "Traffic": fmt_pct(e.get("traffic"), digits=0),
+        "Variants": len(e.get("variants", [])),
+        "Layer": e.get("layer") or "—",
+        "Started": _date(e.get("started_at")),
+        "Updated": _date(e.get("updated_at")),
+    } for e in items]
+    return pd.DataFrame(rows, columns=["Key", "Name", "Status", "Owner", "Traffic", "Variants", "Layer", "Started", "Updated"])
+
+
+def _date(value: Any) -> str:
+    if not value:
+        return "—"
+    try:
+        return pd.Timestamp(value).strftime("%Y-%m-%d %H:%M")
+    except (ValueError, TypeError):
+        return str(value)

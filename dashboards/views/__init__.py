@@ -1,0 +1,1 @@
+"""Pages of the dashboard; each exposes ``render(ctx)``."""

@@ -1,0 +1,43 @@
+"""The experiments list: status, owner, traffic, start date; filters and search."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from ablab.dashboards.format import experiments_table
+from ablab.dashboards.views.common import Context, call, goto
+
+STATUSES = ("any", "draft", "running", "paused", "stopped")
+
+
+def render(ctx: Context) -> None:
+    head, action = st.columns([4, 1])
+    head.title("Experiments")
+    if ctx.can_edit and action.button("➕ New experiment", type="primary", key="list_new"):
+        goto("new")
+    f1, f2, f3 = st.columns([1, 1, 2])
+    status = f1.selectbox("Status", STATUSES, key="list_status")
+    owner = f2.text_input("Owner", key="list_owner", placeholder="anyone")
+    query = f3.text_input("Search key or name", key="list_q", placeholder="e.g. compression")
+    page = call(ctx.client.list_experiments, what="list experiments",
+                status=None if status == "any" else status, owner=owner or None, q=query or None, limit=500)
+    if page is None:
+        return
+    items = page["items"]
+    if not items:
+        if status != "any" or owner or query:
+            st.info("No experiment matches these filters. Clear the search or pick another status.", icon="🔎")
+        elif ctx.can_edit:
+            st.info("No experiments yet. Click **New experiment** to split traffic between strategies.", icon="🧪")
+        else:
+            st.info("No experiments yet. Ask an editor to create one; they will show up here.", icon="🧪")
+        return
+    st.caption(f"{page['total']} experiment{'s' if page['total'] != 1 else ''}")
+    st.dataframe(experiments_table(items), hide_index=True, width="stretch")
+    keys = [e["key"] for e in items]
+    pick, open_results, open_edit = st.columns([3, 1, 1])
+    chosen = pick.selectbox("Open", keys, key="list_pick")
+    if open_results.button("📊 Results", key="list_results"):
+        goto("results", chosen)
+    if open_edit.button("⚙️ Details" if not ctx.can_edit else "✏️ Edit", key="list_edit"):
+        goto("edit", chosen)

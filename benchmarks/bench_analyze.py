@@ -4,7 +4,9 @@
    imports, read, validate, aggregate, engine, JSON) — goal ≤ 3 s.
 2. Results for an experiment with 10 M raw events in ClickHouse (chDB through
    clickhouse-connect): the per-unit GROUP BY, two histogram queries, exposures and the
-   engine — goal ≤ 2 s. Timed with and without ``FINAL`` (dedup by event_id at read).
+   engine — goal ≤ 2 s. Timed with and without ``FINAL`` (dedup by event_id at read),
+   and from the proposed per-unit rollup (``unit_stats``/``latency_hist``) that a
+   loader would maintain, backfilled here from the raw events.
 
 Usage: .venv/bin/python benchmarks/bench_analyze.py [--rows 1000000] [--store-rows 10000000] [--repeat 3]
 """
@@ -101,8 +103,8 @@ FROM numbers({units:UInt64})
 """
 
 
-def bench_store(rows: int, repeat: int, work: Path) -> None:
-    from ablab.platform.stats.store_query import results_from_store
+def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None:
+    from ablab.platform.stats.store_query import ROLLUP_DDL, fill_rollup_from_raw, results_from_rollup, results_from_store
     from ablab.streaming.store import apply_ddl, make_client
 
     client = make_client(f"chdb:///{work / 'chdb'}")
@@ -119,7 +121,23 @@ def bench_store(rows: int, repeat: int, work: Path) -> None:
     print(f"[store] loaded {total:,} raw events into chDB in {time.perf_counter() - t:.1f} s "
           f"({n_inf:,} inference, {units:,} users)")
     spec = parse_spec({**SPEC, "key": "bench"})
-    for final in (True, False):
+    for ddl in ROLLUP_DDL:
+        client.command(ddl)
+    t = time.perf_counter()
+    fill_rollup_from_raw(client, spec)
+    client.command("OPTIMIZE TABLE unit_stats FINAL")
+    print(f"[rollup] backfilled unit_stats/latency_hist from raw in {time.perf_counter() - t:.1f} s (one-off)")
+    times, cpu = [], []
+    for _ in range(repeat):
+        c0 = _self_cpu()
+        t = time.perf_counter()
+        result = results_from_rollup(client, spec)
+        times.append(time.perf_counter() - t)
+        cpu.append(_self_cpu() - c0)
+    print(f"[rollup] results for {total:,} events from the per-unit rollup: wall median {statistics.median(times):.2f} s "
+          f"(min {min(times):.2f}), CPU median {statistics.median(cpu):.2f} s over {repeat} runs; "
+          f"load avg {os.getloadavg()[0]:.1f}; decision {result['decisions'][0]['decision']}")
+    for final in (True, False) if raw else ():
         times, cpu = [], []
         for _ in range(repeat):
             c0 = _self_cpu()
@@ -141,6 +159,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--skip-store", action="store_true")
     ap.add_argument("--skip-cli", action="store_true")
+    ap.add_argument("--skip-raw", action="store_true", help="time only the rollup read on the store")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; load avg {os.getloadavg()[0]:.2f}")
     work = Path(tempfile.mkdtemp(prefix="ablab-bench-stats-"))
@@ -148,7 +167,7 @@ def main() -> None:
         if not args.skip_cli:
             bench_cli(args.rows, args.repeat, work)
         if not args.skip_store:
-            bench_store(args.store_rows, args.repeat, work)
+            bench_store(args.store_rows, args.repeat, work, raw=not args.skip_raw)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -1,4 +1,5 @@
-"""The results from the real ClickHouse engine (chDB) equal the offline analysis of the same events.
+"""Results from the real ClickHouse engine (chDB), by the raw scan and by the per-unit
+rollup, equal the offline analysis of the same events.
 
 chDB allows one data directory per process, so the store side runs in a child process.
 """
@@ -8,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 
+import pandas as pd
 import pytest
 
 from ablab.platform.stats.offline import analyze_events
@@ -21,7 +23,7 @@ CHILD = textwrap.dedent("""
     import pandas as pd
     from ablab.streaming.store import apply_ddl, make_client
     from ablab.platform.stats.spec import parse_spec
-    from ablab.platform.stats.store_query import results_from_store
+    from ablab.platform.stats.store_query import ROLLUP_DDL, fill_rollup_from_raw, results_from_rollup, results_from_store
 
     store, events_path, spec_path = sys.argv[1:4]
     client = make_client(f"chdb:///{store}")
@@ -41,7 +43,10 @@ CHILD = textwrap.dedent("""
     ev["correct"] = ev["correct"].astype("UInt8")
     client.insert_df("raw_events", ev[cols])
     spec = parse_spec(json.load(open(spec_path)))
-    print(json.dumps(results_from_store(client, spec)))
+    for ddl in ROLLUP_DDL:
+        client.command(ddl)
+    fill_rollup_from_raw(client, spec)
+    print(json.dumps({"raw": results_from_store(client, spec), "rollup": results_from_rollup(client, spec)}))
 """)
 
 
@@ -51,7 +56,7 @@ def test_store_results_equal_offline_results(tmp_path):
     # a billing record that replaces one request's cost, on both sides
     extra = events.iloc[[0]].copy()
     extra["type"], extra["cost_usd"] = "cost", 0.5
-    events = __import__("pandas").concat([events, extra], ignore_index=True)
+    events = pd.concat([events, extra], ignore_index=True)
     path = write_events(events, tmp_path / "ev.parquet")
     spec_data = spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25},
                           guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.03}])
@@ -61,9 +66,13 @@ def test_store_results_equal_offline_results(tmp_path):
         capture_output=True, text=True, timeout=300,
     )
     assert child.returncode == 0, child.stderr[-3000:]
-    store = json.loads(child.stdout.strip().splitlines()[-1])
+    both = json.loads(child.stdout.strip().splitlines()[-1])
     offline, _ = analyze_events(events, parse_spec(spec_data))
+    for store in (both["raw"], both["rollup"]):
+        _assert_same(store, offline)
 
+
+def _assert_same(store, offline):
     assert store["srm"]["p_value"] == pytest.approx(offline["srm"]["p_value"], rel=1e-9)
     assert [d["decision"] for d in store["decisions"]] == [d["decision"] for d in offline["decisions"]]
     off_rows = {(r["metric"], r["variant"]): r for r in offline["metrics"]}

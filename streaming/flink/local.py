@@ -47,6 +47,9 @@ class FlinkProcess:
     def start(self) -> "FlinkProcess":
         env = dict(os.environ)
         env.setdefault("JVM_ARGS", self.heap)
+        # The JVM's own log (job status, restores, checkpoint failures) next to ours, not in
+        # the shared PyFlink install folder.
+        env.setdefault("FLINK_LOG_DIR", str(self.log_path.with_suffix(".jvm")))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
@@ -90,7 +93,14 @@ class FlinkProcess:
         return self.process.wait(timeout=timeout_s)
 
     def log_tail(self, lines: int = 60) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except FileNotFoundError:
-            return ""
+        """The last lines of the child's output and of the JVM's WARN/ERROR log lines."""
+        texts = []
+        for path in [self.log_path, *sorted(self.log_path.with_suffix(".jvm").glob("*.log"))]:
+            try:
+                text = path.read_text(errors="replace").splitlines()
+            except FileNotFoundError:
+                continue
+            if path != self.log_path:
+                text = [line for line in text if " WARN " in line or " ERROR " in line or "switched from" in line]
+            texts.append(f"--- {path}\n" + "\n".join(text[-lines:]))
+        return "\n".join(texts)

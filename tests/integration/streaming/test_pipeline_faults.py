@@ -19,7 +19,7 @@ from ablab.streaming.flink.job import latest_checkpoint
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import apply_ddl, make_client, queries
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(500)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 EXPERIMENT = "fault"
 
 
@@ -95,12 +95,17 @@ def test_sigkill_and_restart_from_checkpoint_keeps_totals_exact(kafka_broker, tm
     from kafka import KafkaConsumer
 
     consumer = KafkaConsumer(topics.windows, bootstrap_servers=kafka_broker, auto_offset_reset="earliest",
-                             isolation_level="read_committed", consumer_timeout_ms=5000)
-    seen = Counter()
-    for record in consumer:
-        row = json.loads(record.value)
-        if row["kind"] == "inference" and row["experiment"] == EXPERIMENT:
-            seen[(row["variant"], row["window_start"])] += 1
+                             isolation_level="read_committed")
+    seen: Counter = Counter()
+    deadline, empty_polls = time.monotonic() + 60, 0
+    while empty_polls < 3 and time.monotonic() < deadline:
+        polled = consumer.poll(timeout_ms=1000)
+        empty_polls = 0 if polled else empty_polls + 1
+        for records in polled.values():
+            for record in records:
+                row = json.loads(record.value)
+                if row["kind"] == "inference" and row["experiment"] == EXPERIMENT:
+                    seen[(row["variant"], row["window_start"])] += 1
     consumer.close()
     store.close()
     assert len(seen) == len(expected)

@@ -35,6 +35,7 @@ def _final(final: bool) -> str:
 # Which grouping set a row belongs to, with standard GROUPING semantics (bit = 1 when the
 # argument is *not* a key of the row's set): per unit, e2e histogram, ttft histogram.
 _SET_UNITS, _SET_HIST = 0b011, {"e2e_ms": 0b101, "ttft_ms": 0b110}
+_SETTINGS = " SETTINGS force_grouping_standard_compatibility = 1"
 
 
 def results_sql(spec: ExperimentSpec, *, final: bool = True, billing: bool = True) -> tuple[str, dict[str, Any]]:
@@ -98,7 +99,6 @@ def results_sql(spec: ExperimentSpec, *, final: bool = True, billing: bool = Tru
             WHERE type = 'feedback' AND correct IS NOT NULL GROUP BY t
         ) AS l ON l.t = i.t
         GROUP BY GROUPING SETS ((variant, i.u), (variant, i.hb_e2e), (variant, i.hb_ttft))
-        SETTINGS force_grouping_standard_compatibility = 1
     """
     return sql, params
 
@@ -119,9 +119,9 @@ def variant_stats_from_store(
     client: "Client", spec: ExperimentSpec, *, final: bool = True
 ) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
     # the billing join only when there is billing (a primary-key range check, milliseconds)
-    billing = bool(client.query(f"SELECT count() FROM raw_events WHERE type = 'cost'").result_rows[0][0])
+    billing = bool(client.query("SELECT count() FROM raw_events WHERE type = 'cost'").result_rows[0][0])
     sql, params = results_sql(spec, final=final, billing=billing)
-    rows = _columns(client, sql, params)
+    rows = _columns(client, sql + _SETTINGS, params)
     sets = rows["grouping_set"]
     per_unit = sets == _SET_UNITS
     units = {k: v[per_unit] for k, v in rows.items()}
@@ -227,15 +227,13 @@ def fill_rollup_from_raw(client: "Client", spec: ExperimentSpec) -> None:
     select = ", ".join(f"toFloat64({c})" for c in _ROLLUP_SUMS)
     client.command(
         f"INSERT INTO unit_stats SELECT {{experiment:String}}, variant, toString(unit_id), {select} "
-        f"FROM ({sql.replace('SETTINGS force_grouping_standard_compatibility = 1', '')}) WHERE grouping_set = {_SET_UNITS} "
-        "SETTINGS force_grouping_standard_compatibility = 1",
+        f"FROM ({sql}) WHERE grouping_set = {_SET_UNITS}{_SETTINGS}",
         parameters=params,
     )
     for latency, code in _SET_HIST.items():
         col = "hb_e2e" if latency == "e2e_ms" else "hb_ttft"
         client.command(
             f"INSERT INTO latency_hist SELECT {{experiment:String}}, variant, '{latency}', {col}, {latency}_n "
-            f"FROM ({sql.replace('SETTINGS force_grouping_standard_compatibility = 1', '')}) WHERE grouping_set = {code} "
-            "SETTINGS force_grouping_standard_compatibility = 1",
+            f"FROM ({sql}) WHERE grouping_set = {code}{_SETTINGS}",
             parameters=params,
         )

@@ -1,0 +1,60 @@
+"""One real API process over a real SQL database and an embedded ClickHouse store that
+was seeded with synthetic events before the API took ownership of it (chDB allows one
+owning process per data directory, so seeding runs in its own process first)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from ablab_testing import ApiServer, start_api, stop_api  # shared helpers in tests/ablab_testing.py
+
+APP = Path(__file__).resolve().parents[3] / "dashboards" / "app.py"
+SEEDED = "factorial"
+
+
+@pytest.fixture(scope="session")
+def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    from ablab.dashboards.testing import experiment_body
+
+    home = tmp_path_factory.mktemp("dash-home")
+    seeded = subprocess.run(
+        [sys.executable, "-m", "ablab.dashboards.testing", "--home", str(home), "--experiment", SEEDED,
+         "--requests", "8000", "--units", "800"],
+        capture_output=True, text=True, timeout=300, check=True,
+    )
+    counts = json.loads(seeded.stdout.strip().splitlines()[-1])
+    assert counts["raw_events"] > 8000 and counts["window_rows"] > 0
+    server = start_api(f"sqlite:///{home / 'ablab.db'}", home,
+                       {"ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})
+    try:
+        with server.client("admin") as admin:
+            admin.post("/v1/experiments", json=experiment_body(SEEDED)).raise_for_status()
+            admin.post(f"/v1/experiments/{SEEDED}/start").raise_for_status()
+        yield server
+    finally:
+        stop_api(server)
+
+
+@pytest.fixture
+def open_app(seeded_api: ApiServer) -> Callable[..., "AppTest"]:  # noqa: F821
+    """An AppTest of the real app file, signed in with a token of ``scope``, on ``page``."""
+    from streamlit.testing.v1 import AppTest
+
+    def _open(page: str = "experiments", *, scope: str = "editor", exp: str | None = None, run: bool = True) -> AppTest:
+        at = AppTest.from_file(str(APP), default_timeout=180)
+        at.session_state["api_url"] = seeded_api.base_url
+        at.session_state["token"] = seeded_api.tokens[scope]
+        at.session_state["scope"] = scope
+        at.session_state["user"] = f"test-{scope}"
+        at.query_params["page"] = page
+        if exp:
+            at.query_params["exp"] = exp
+        return at.run() if run else at
+
+    return _open

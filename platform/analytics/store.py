@@ -50,7 +50,9 @@ class AnalyticsStore:
         if run_loader:
             from ablab.streaming.loader.service import Loader
 
-            self.loader = Loader(self.client, settings.kafka_bootstrap, known_experiments=known_experiments)
+            self.loader = Loader(
+                self.client, settings.kafka_bootstrap, known_experiments=known_experiments, known_experiments_refresh_s=0.0
+            )
             self._loader_stop = threading.Event()
             self._loader_thread = threading.Thread(target=self._supervise, name="ablab-loader", daemon=True)
             self._loader_thread.start()

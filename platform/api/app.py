@@ -10,7 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from ablab.platform.api import problems
-from ablab.platform.api.routers import assign, experiments, health, keys, layers, results
+from ablab.platform.api.routers import assign, experiments, health, ingest, keys, layers, results
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
 from ablab.platform.registry.db import make_engine, make_sessionmaker
@@ -57,10 +57,18 @@ def _analytics(state: AppState) -> Any:
 
     settings = state.settings
 
-    def known_experiments() -> set[str]:
-        with transaction(state.sessions) as session:
-            items, _ = list_experiments(session, limit=10_000)
-            return {e.key for e in items}
+    known: dict[str, object] = {"revision": None, "keys": frozenset()}
+
+    def known_experiments() -> frozenset[str]:
+        # Every experiment ever registered (stopped ones still get late labels), re-read
+        # only when the registry revision moves, so a new experiment is known at once.
+        revision = state.assignments.current().config.revision
+        if revision != known["revision"]:
+            with transaction(state.sessions) as session:
+                items, _ = list_experiments(session, limit=100_000)
+                known["keys"] = frozenset(e.key for e in items)
+            known["revision"] = revision
+        return known["keys"]  # type: ignore[return-value]
 
     embedded = settings.resolved_clickhouse_url.startswith("chdb")
     run_loader = settings.run_loader if settings.run_loader is not None else embedded
@@ -78,8 +86,27 @@ def _analytics(state: AppState) -> Any:
     return _Both()
 
 
+class _Ingest:
+    """The emitter behind the ingestion routes; it spools to disk while Kafka is down."""
+
+    def __init__(self, state: AppState) -> None:
+        from ablab.streaming.ingest import IngestStats
+        from ablab.streaming.kafka.emitter import emitter_from_settings
+
+        self.emitter = emitter_from_settings(name="api", settings=state.settings)
+        self.stats = IngestStats()
+        self._state = state
+        state.extras["ingest"] = self
+
+    def known_experiment(self, key: str) -> bool:
+        return any(e.key == key for e in self._state.assignments.current().config.experiments)
+
+    def close(self) -> None:
+        self.emitter.close()
+
+
 def _default_extensions(settings: Settings) -> list[Extension]:
-    return [_analytics] if settings.analytics else []
+    return [_Ingest, *([_analytics] if settings.analytics else [])]
 
 
 def create_app(settings: Settings | None = None, *, extensions: list[Extension] | None = None) -> FastAPI:
@@ -106,7 +133,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
         lifespan=lifespan,
     )
     problems.install(app)
-    for module in (health, experiments, layers, assign, keys, results):
+    for module in (health, experiments, layers, assign, keys, results, ingest):
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
     app.add_middleware(_MetricsMiddleware)

@@ -41,6 +41,8 @@ def train(
     out_dir: Path = typer.Option(None, "--out", help="Where to write the weights (default: the package's assets/)."),
     check: bool = typer.Option(False, help="Compare the digests with the shipped manifest instead of only writing."),
     eval_n: int = typer.Option(200, min=10, help="Held-out examples per domain for the accuracy report."),
+    base_steps: int = typer.Option(None, min=1, help="Override the base model's steps (the shipped weights use the default)."),
+    adapter_steps: int = typer.Option(None, min=1, help="Override each adapter's steps."),
 ) -> None:
     """Train the base model, the per-domain LoRA adapters and the sparse-FFN predictor (fixed seeds)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -60,7 +62,8 @@ def train(
                 tasks_ids[phase] = bar.add_task(phase, total=total, loss=loss)
             bar.update(tasks_ids[phase], completed=step, loss=loss)
 
-        manifest = train_all(TrainConfig(), out_dir=target, progress=progress)
+        overrides = {k: v for k, v in (("base_steps", base_steps), ("adapter_steps", adapter_steps)) if v is not None}
+        manifest = train_all(TrainConfig(**overrides), out_dir=target, progress=progress)
     report = accuracy_report(load_bundle(target), n=eval_n)
     manifest["heldout_accuracy"] = report
     (target / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))

@@ -152,3 +152,19 @@ def test_http_ingestion_through_a_real_emitter(kafka_broker: str, tmp_path: Path
     assert set(ids) == {f"{run}-{i}" for i in range(20)}
     letters = [json.loads(r.value) for r in read_topics(bootstrap=kafka_broker, topics=[DEADLETTER_TOPIC])]
     assert [d["field"] for d in letters if f"{run}-bad" in d["raw"]] == [result.errors[0]["field"]]
+
+
+def test_a_record_the_broker_can_never_take_is_counted_and_the_rest_flows(kafka_broker: str, tmp_path: Path) -> None:
+    from ablab.streaming.kafka.spool import SpoolRecord
+
+    run = f"poison{time.time_ns()}"
+    with Emitter(config=EmitterConfig(bootstrap=kafka_broker, spool_dir=tmp_path / "spool",
+                                      probe_backoff_s=(0.2, 1.0))) as emitter:
+        emitter.emit_record(SpoolRecord(EVENT_TOPICS["rum"], b"big", b'{"pad":"' + b"x" * 2_000_000 + b'"}'))
+        for i in range(50):
+            emitter.emit(numbered_event(run, i))
+        assert emitter.flush(60), emitter.counters()
+        counters = emitter.counters()
+    assert counters["dropped"] == 1 and counters["broker_up"], counters
+    ids = ids_of_run(kafka_broker, run, 50)
+    assert set(ids) == {f"{run}-{i}" for i in range(50)}

@@ -1,0 +1,107 @@
+"""Test helpers shared across test folders: a real SQL database and a real API process.
+
+Imported by ``tests/conftest.py`` and by tests (``from ablab_testing import start_api``).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ABLAB = str(Path(sys.executable).with_name("ablab"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def postgres_admin_url() -> str | None:
+    return os.environ.get("ABLAB_TEST_POSTGRES_URL")
+
+
+def fresh_postgres_database() -> str:
+    """A new, empty database on the test PostgreSQL server; returns its URL."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    admin = postgres_admin_url()
+    if not admin:
+        if os.environ.get("CI"):
+            pytest.fail("ABLAB_TEST_POSTGRES_URL is not set; .ci/run starts PostgreSQL and sets it")
+        pytest.skip("PostgreSQL not configured (set ABLAB_TEST_POSTGRES_URL, see scripts/postgres.sh)")
+    name = f"ablab_{uuid.uuid4().hex[:10]}"
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))  # name is ours, not user input
+    engine.dispose()
+    return make_url(admin).set(database=name).render_as_string(hide_password=False)
+
+
+@dataclass
+class ApiServer:
+    base_url: str
+    database_url: str
+    home: Path
+    tokens: dict[str, str]
+    process: subprocess.Popen[bytes]
+
+    def client(self, scope: str | None = "admin", **kw) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.tokens[scope]}"} if scope else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=30, **kw)
+
+
+def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ABLAB, *args], env=env, capture_output=True, text=True, check=True, timeout=120)
+
+
+def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = None) -> ApiServer:
+    port = free_port()
+    env = {
+        **os.environ,
+        "ABLAB_HOME": str(home),
+        "ABLAB_DATABASE_URL": database_url,
+        "ABLAB_API_URL": f"http://127.0.0.1:{port}",
+        **(extra_env or {}),
+    }
+    run_cli("db", "upgrade", "--no-clickhouse", env=env)
+    tokens = {
+        scope: run_cli("keys", "create", "--name", f"test-{scope}", "--scope", scope, env=env).stdout.strip().splitlines()[-1]
+        for scope in ("admin", "editor", "viewer", "sdk")
+    }
+    log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
+    process = subprocess.Popen([ABLAB, "api", "--port", str(port), "--no-migrate"], env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"API exited early:\n{(home / 'api.log').read_text()}")
+        try:
+            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    else:
+        process.kill()
+        raise RuntimeError(f"API did not start:\n{(home / 'api.log').read_text()}")
+    return ApiServer(base, database_url, home, tokens, process)
+
+
+def stop_api(server: ApiServer) -> None:
+    server.process.terminate()
+    try:
+        server.process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        server.process.kill()
+
+

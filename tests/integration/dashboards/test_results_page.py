@@ -1,0 +1,89 @@
+"""AppTest of the results page against a real API reading a seeded store (real data)."""
+
+from __future__ import annotations
+
+import io
+import uuid
+
+import pandas as pd
+import pytest
+
+pytestmark = pytest.mark.integration
+
+
+def _texts(elements) -> str:
+    return " ".join(str(e.value) for e in elements)
+
+
+def test_results_page_shows_the_whole_analysis(seeded_api, open_app):
+    with seeded_api.client("viewer") as api:
+        result = api.get("/v1/experiments/factorial/results").json()
+    at = open_app("results", scope="viewer", exp="factorial")
+    assert not at.exception, at.exception
+    assert at.title[0].value.startswith("Results:")
+    assert "Traffic split is healthy" in _texts(at.success)  # seeded with the configured weights: no SRM
+
+    table = at.dataframe[0].value
+    assert {"Latency (mean)", "Latency p95", "TTFT (mean)", "TTFT p95", "Accuracy", "Cost per request",
+            "Cost per correct answer"} <= set(table["Metric"])
+    # the table shows the API's numbers, formatted: int8 is 20 % faster than control in the seed
+    row = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] == "int8")
+    shown = table[(table["Metric"] == "Latency (mean)") & (table["Variant"] == "int8")].iloc[0]
+    assert shown["Estimate"] == f"{row['estimate']:,.0f} ms"
+    assert shown["Verdict"] == "🟢 better"
+    assert "labeled" in table[table["Metric"] == "Accuracy"].iloc[0]["n"]
+    decisions = {d["variant"]: d["decision"] for d in result["decisions"]}
+    assert shown["Decision"] in {"🟢 ship", "🔴 don't ship", "🟡 keep running"}
+    assert set(decisions) == {"compressed", "int8", "compressed_int8"}
+
+    guardrails = at.dataframe[1].value
+    assert set(guardrails["Metric"]) == {"TTFT p95", "Accuracy"}
+    assert guardrails["Status"].str.contains("pass|breach|pending").all()
+
+    charts = at.get("arrow_vega_lite_chart")
+    titles = " ".join(str(c.proto.spec) for c in charts)
+    for title in ("Latency per variant", "10 s window", "Latency distribution", "Pareto", "Shapley"):
+        assert title in titles, title
+    downloads = at.get("download_button")
+    assert downloads, "CSV download missing"
+
+    effects = at.dataframe[-1].value
+    assert {"main effect", "2-way interaction"} <= set(effects["Kind"])
+    assert any("precision=int8" in t for t in effects["Term"])
+
+
+def test_results_csv_matches_the_api(seeded_api):
+    from ablab.dashboards.client import ApiClient
+    from ablab.dashboards.format import results_csv
+
+    client = ApiClient(seeded_api.base_url, seeded_api.tokens["viewer"])
+    result = client.results("factorial")
+    frame = pd.read_csv(io.StringIO(results_csv(result)))
+    assert len(frame) == len(result["metrics"])
+    assert set(frame["variant"]) == {"control", "compressed", "int8", "compressed_int8"}
+
+
+def test_timeseries_metric_switch_and_window_mode(open_app):
+    at = open_app("results", exp="factorial", run=False)
+    at.run()
+    at.toggle(key="res_auto").set_value(False)
+    at.toggle(key="res_cumulative").set_value(False)
+    at.selectbox(key="res_series_metric").select("accuracy").run()
+    assert not at.exception
+    spec = " ".join(str(c.proto.spec) for c in at.get("arrow_vega_lite_chart"))
+    assert "Accuracy, per 10 s window" in spec
+
+
+def test_results_empty_state_says_what_to_do(seeded_api, open_app):
+    key = f"empty-{uuid.uuid4().hex[:6]}"
+    with seeded_api.client("admin") as api:
+        api.post("/v1/experiments", json={"key": key, "name": "Nothing yet", "traffic": 1, "control": "a",
+                                          "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}]}).raise_for_status()
+    at = open_app("results", exp=key)
+    assert "No events for this experiment yet" in _texts(at.info)
+    assert "Start it" in _texts(at.info)
+
+
+def test_unknown_experiment_is_reported(open_app):
+    at = open_app("results", exp="does-not-exist")
+    assert "Could not load experiment" in _texts(at.error)

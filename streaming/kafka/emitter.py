@@ -122,7 +122,7 @@ class Emitter:
         """Wait until every emitted record is acknowledged (queue, in-flight and spool empty)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if self._queue.empty() and not self._inflight and self._spool.empty() and self._healthy:
+            if not self._queue.unfinished_tasks and not self._inflight and self._spool.empty() and self._healthy:
                 return True
             time.sleep(0.05)
         return False
@@ -135,7 +135,7 @@ class Emitter:
         self._stopping.set()
         self._worker.join(timeout=timeout_s + 5)
         self._drop_producer()  # fails what is still buffered → spooled
-        self._to_spool(self._drain_queue(block=False, limit=None))
+        self._spool_queued(block=False)
         self._spool.close()
 
     def __enter__(self) -> "Emitter":
@@ -160,13 +160,16 @@ class Emitter:
     def _step(self) -> None:
         if self._healthy and self._spool.empty():
             batch = self._drain_queue(block=True, limit=2000)
-            for index, record in enumerate(batch):
-                if not self._send_direct(record):
-                    self._to_spool(batch[index + 1:])  # keep order behind the failed one
-                    return
+            try:
+                for index, record in enumerate(batch):
+                    if not self._send_direct(record):
+                        self._to_spool(batch[index + 1:])  # keep order behind the failed one
+                        return
+            finally:
+                self._queue_items_done(len(batch))
             return
         # Degraded: keep order by putting new records behind the spooled ones.
-        self._to_spool(self._drain_queue(block=True, limit=None, wait_s=0.05))
+        self._spool_queued(block=True)
         if self._inflight and self._producer is not None:
             # kafka-python does not always expire batches of a dead broker; abort them so
             # they join the spool now rather than whenever (or never).
@@ -182,7 +185,7 @@ class Emitter:
             self._inflight[seq] = record
         try:
             future = self._producer.send(record.topic, key=record.key, value=record.value)
-        except KafkaError:  # metadata unavailable within max_block_ms: the broker is gone
+        except Exception:  # metadata unavailable within max_block_ms, or anything else: keep it
             with self._count_lock:
                 self._inflight.pop(seq, None)
             self._to_spool([record])
@@ -200,14 +203,15 @@ class Emitter:
             self._counts["sent" if owned else "late_acks"] += 1
 
     def _on_send_failed(self, seq: int, error: Exception) -> None:
-        # Runs on the producer's I/O thread.
+        # Runs on the producer's I/O thread. Unhealthy first, so flush() cannot see an empty
+        # in-flight set and spool while this record moves from one to the other.
+        was_healthy, self._healthy = self._healthy, False
+        self._producer_failed = True
         with self._count_lock:
             record = self._inflight.pop(seq, None)
             self._counts["send_failures"] += 1
         if record is not None:
             self._to_spool([record])
-        was_healthy, self._healthy = self._healthy, False
-        self._producer_failed = True
         if was_healthy:  # once per outage, not once per record
             log.warning("delivery failed (%s); spooling until the broker returns", error)
 
@@ -226,14 +230,27 @@ class Emitter:
             futures = []
             try:
                 for index, record in enumerate(records):
-                    if index not in acked:
+                    if index in acked:
+                        continue
+                    try:
                         futures.append((index, self._producer.send(record.topic, key=record.key, value=record.value)))
+                    except KafkaError as exc:
+                        if not _is_poison(exc):
+                            raise
+                        log.error("dropping spooled record for %s: %s", record.topic, exc)
+                        acked.add(index)
+                        self._count("dropped")
                 self._producer.flush(timeout=self.config.delivery_timeout_ms / 1000 + 5)
             except KafkaError as exc:
                 log.warning("replay interrupted (%s); will retry", exc)
             for index, future in futures:
                 if future.is_done and future.succeeded():
                     acked.add(index)
+                elif future.is_done and _is_poison(future.exception):
+                    # the broker will never take it (e.g. too large): retrying would wedge the spool
+                    log.error("dropping spooled record for %s: %s", records[index].topic, future.exception)
+                    acked.add(index)
+                    self._count("dropped")
             if len(acked) < len(records):
                 self._mark_down()
                 return
@@ -242,7 +259,7 @@ class Emitter:
             self._count("replayed", len(records))
             if self._stopping.is_set():
                 return
-            self._to_spool(self._drain_queue(block=False, limit=None))  # keep new arrivals behind
+            self._spool_queued(block=False)  # keep new arrivals behind
         if self._spool.empty():
             self._healthy = True
             self._backoff = self.config.probe_backoff_s[0]
@@ -295,6 +312,18 @@ class Emitter:
         self._next_probe = time.monotonic() + self._backoff
         self._backoff = min(self._backoff * 2, self.config.probe_backoff_s[1])
 
+    def _spool_queued(self, *, block: bool) -> None:
+        batch = self._drain_queue(block=block, limit=None)
+        try:
+            self._to_spool(batch)
+        finally:
+            self._queue_items_done(len(batch))
+
+    def _queue_items_done(self, n: int) -> None:
+        """Items taken off the queue are now in flight or on disk; flush() counts on this."""
+        for _ in range(n):
+            self._queue.task_done()
+
     def _drain_queue(self, *, block: bool, limit: int | None, wait_s: float = 0.05) -> list[SpoolRecord]:
         items: list[SpoolRecord] = []
         if block:
@@ -323,6 +352,15 @@ class Emitter:
     def _count(self, name: str, n: int = 1) -> None:
         with self._count_lock:
             self._counts[name] += n
+
+
+def _is_poison(error: BaseException | None) -> bool:
+    """Errors that no retry can fix; connection trouble and timeouts are not among them."""
+    from kafka import errors
+
+    too_large = tuple(getattr(errors, name) for name in ("MessageSizeTooLargeError", "RecordTooLargeError",
+                                                         "RecordListTooLargeError") if hasattr(errors, name))
+    return error is not None and isinstance(error, too_large)
 
 
 def _force_close(producer: Any) -> None:

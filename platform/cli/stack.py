@@ -1,0 +1,176 @@
+"""`ablab setup`, `ablab up [--demo]`, `ablab down`, `ablab status`: the whole local stack."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import typer
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from ablab.platform.cli._common import console, fail, out
+from ablab.platform.config import Settings, get_settings
+
+DEMO_WORKER_PORTS = (8101, 8102)
+
+
+def _ablab() -> str:
+    return str(Path(sys.executable).with_name("ablab"))
+
+
+def _require_jvm() -> None:
+    if shutil.which("java") is None:
+        fail("Java 17 is not installed", hint="install it (Debian: apt-get install openjdk-17-jre-headless)")
+    if shutil.which("mvn") is None:
+        fail("Maven is not installed; it fetches the Kafka and Flink connector jars", hint="apt-get install maven")
+
+
+def setup() -> None:
+    """One-time, idempotent: JVM jars via Maven, data dirs, config-DB and ClickHouse migrations."""
+    from ablab.platform.registry.migrate import upgrade
+    from ablab.streaming.kafka.jars import ensure_jars
+
+    _require_jvm()
+    settings = get_settings()
+    for sub in ("logs", "run", "spool"):
+        (settings.home / sub).mkdir(parents=True, exist_ok=True)
+    with console.status("resolving JVM jars with Maven (cached after the first run)…"):
+        jars = ensure_jars()
+    console.print(f"[green]jars[/] {jars}")
+    upgrade(settings.resolved_database_url)
+    console.print("[green]config DB[/] migrated")
+    from ablab.platform.cli import analytics_store
+
+    analytics_store.upgrade(settings)
+
+
+def _demo_tokens(settings: Settings) -> dict[str, str]:
+    """Admin and SDK tokens for the demo, made once and kept (0600) under ABLAB_HOME/run."""
+    path = settings.home / "run" / "demo-tokens.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    from ablab.platform.auth import create_api_key
+    from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
+    from ablab.platform.registry.schemas import Scope
+
+    engine = make_engine(settings.resolved_database_url)
+    tokens = {}
+    with transaction(make_sessionmaker(engine)) as session:
+        for scope in (Scope.admin, Scope.sdk):
+            tokens[scope.value] = create_api_key(session, name=f"demo-{scope.value}", scope=scope)[1]
+    engine.dispose()
+    path.touch(mode=0o600)
+    path.write_text(json.dumps(tokens))
+    return tokens
+
+
+def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  # noqa: ANN202
+    from ablab.platform.stack.processes import Service, http_ok, tcp_open
+
+    ablab = _ablab()
+    host, _, port = settings.kafka_bootstrap.rpartition(":")
+    api = f"http://{settings.api_host}:{settings.api_port}"
+    env = {"ABLAB_HOME": str(settings.home), "ABLAB_API_URL": api}
+    services = [
+        Service("kafka", [ablab, "kafka", "start", "--heap-mb", "384"], tcp_open(host or "127.0.0.1", int(port)),
+                env=env, detaches=True, stop_argv=[ablab, "kafka", "stop"]),
+        Service("api", [ablab, "api", "--host", settings.api_host, "--port", str(settings.api_port)], http_ok(f"{api}/readyz"), env=env),
+        Service("stream", [ablab, "stream", "submit", "--local"], lambda: True, env={**env, "JVM_ARGS": "-Xmx512m"}),
+        Service("dashboard", [ablab, "dashboard", "--port", str(settings.dashboard_port), "--api-url", api],
+                http_ok(f"http://127.0.0.1:{settings.dashboard_port}/_stcore/health"), env=env),
+    ]
+    if demo and tokens:
+        sdk_env = {**env, "ABLAB_SDK_TOKEN": tokens["sdk"]}
+        for i, wport in enumerate(DEMO_WORKER_PORTS):
+            services.append(Service(f"worker-{i}", [ablab, "worker", "--port", str(wport), "--api-url", api, "--device", "cpu"],
+                                    http_ok(f"http://127.0.0.1:{wport}/healthz"), env=sdk_env, start_timeout_s=180))
+        for i, wport in enumerate(DEMO_WORKER_PORTS):
+            ledger = str(settings.home / "run" / f"ledger-{i}.jsonl")
+            services.append(Service(f"traffic-{i}", [ablab, "traffic", "--worker-url", f"http://127.0.0.1:{wport}", "--rate", "4",
+                                                     "--duration", "1800", "--users", "300", "--ledger", ledger, "--api-url", api,
+                                                     "--seed", str(7 + i)], lambda: True, env=sdk_env))
+            services.append(Service(f"labeler-{i}", [ablab, "labeler", "--ledger", ledger, "--fraction", "0.5",
+                                                     "--delay-median-min", "0.2", "--api-url", api, "--seed", str(11 + i)],
+                                    lambda: True, env=sdk_env))
+    return services
+
+
+def _apply_demo(settings: Settings, tokens: dict[str, str]) -> None:
+    import subprocess
+
+    demo = Path(__file__).resolve().parents[1] / "stack" / "demo.yaml"
+    env = {**os.environ, "ABLAB_TOKEN": tokens["admin"], "ABLAB_API_URL": f"http://{settings.api_host}:{settings.api_port}"}
+    done = subprocess.run([_ablab(), "apply", "-f", str(demo)], env=env, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        fail(f"seeding the demo experiment failed:\n{done.stdout}{done.stderr}")
+
+
+def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffic and labelers on a seeded experiment.")) -> None:
+    """Start the local stack in order, with health checks; a second `up` reuses what runs."""
+    from ablab.platform.stack.processes import Supervisor
+
+    _require_jvm()
+    settings = get_settings()
+    setup_needed = not (settings.home / "run").exists()
+    if setup_needed:
+        setup()
+    supervisor = Supervisor(settings.home)
+    tokens = _demo_tokens(settings) if demo else None
+    services = _services(settings, demo, tokens)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
+        for service in services:
+            task = progress.add_task(f"starting {service.name}", total=None)
+            try:
+                result = supervisor.start(service)
+            except RuntimeError as exc:
+                progress.stop()
+                fail(str(exc), hint="`ablab status` shows what runs; `ablab down` stops it; logs are in " + str(supervisor.log_dir))
+            progress.update(task, description=f"[green]{service.name}[/] {result}", completed=1, total=1)
+            if demo and service.name == "api":
+                _apply_demo(settings, tokens or {})
+    out.print(f"ablab is up: API http://{settings.api_host}:{settings.api_port}/docs · "
+              f"dashboard http://127.0.0.1:{settings.dashboard_port} · logs {supervisor.log_dir}")
+    if tokens:
+        out.print(f"demo experiment 'demo-serving' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+
+
+def down() -> None:
+    """Stop every ablab process of this ABLAB_HOME, in reverse start order."""
+    from ablab.platform.stack.processes import Supervisor
+
+    settings = get_settings()
+    supervisor = Supervisor(settings.home)
+    for service in reversed(_services(settings, demo=True, tokens={"sdk": "", "admin": ""})):
+        result = supervisor.stop(service)
+        if result != "not running":
+            console.print(f"{service.name}: {result}")
+    console.print("[green]ablab is down[/]")
+
+
+def status() -> None:
+    """What runs, with its pid and health."""
+    from ablab.platform.stack.processes import Supervisor
+
+    settings = get_settings()
+    supervisor = Supervisor(settings.home)
+    table = Table(title=f"ablab stack ({settings.home})")
+    for column in ("service", "pid", "healthy"):
+        table.add_column(column)
+    for service in _services(settings, demo=True, tokens={"sdk": "", "admin": ""}):
+        pid = supervisor.pid(service.name)
+        healthy = service.health() if (pid or service.detaches) else False
+        if pid is None and not (service.detaches and healthy):
+            continue
+        table.add_row(service.name, str(pid or "-"), "[green]yes[/]" if healthy else "[red]no[/]")
+    out.print(table)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("setup")(setup)
+    app.command("up")(up)
+    app.command("down")(down)
+    app.command("status")(status)

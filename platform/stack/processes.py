@@ -1,0 +1,129 @@
+"""Detached processes with pidfiles and health checks (a small supervisor, no daemon).
+
+Each service writes ``$ABLAB_HOME/run/<name>.pid`` and logs to
+``$ABLAB_HOME/logs/<name>.log``. ``up`` reuses a service that is already healthy, so a
+second ``up`` is cheap; ``down`` stops in reverse order, SIGTERM then SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+@dataclass
+class Service:
+    name: str
+    argv: list[str]
+    health: Callable[[], bool]
+    env: dict[str, str] = field(default_factory=dict)
+    start_timeout_s: float = 120.0
+    # Services such as the Kafka broker manage their own process: start and stop commands.
+    stop_argv: list[str] | None = None
+    detaches: bool = False
+
+
+def http_ok(url: str) -> Callable[[], bool]:
+    def check() -> bool:
+        try:
+            return httpx.get(url, timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    return check
+
+
+def tcp_open(host: str, port: int) -> Callable[[], bool]:
+    def check() -> bool:
+        with socket.socket() as s:
+            s.settimeout(1)
+            return s.connect_ex((host, port)) == 0
+
+    return check
+
+
+class Supervisor:
+    def __init__(self, home: Path) -> None:
+        self.run_dir = home / "run"
+        self.log_dir = home / "logs"
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+
+    def pidfile(self, name: str) -> Path:
+        return self.run_dir / f"{name}.pid"
+
+    def pid(self, name: str) -> int | None:
+        try:
+            pid = int(self.pidfile(name).read_text().strip())
+        except (OSError, ValueError):
+            return None
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+        return pid
+
+    def start(self, service: Service) -> str:
+        if service.health() and (service.detaches or self.pid(service.name)):
+            return "reused"
+        log = open(self.log_dir / f"{service.name}.log", "ab")  # noqa: SIM115 - handed to the child
+        env = {**os.environ, **service.env}
+        process = subprocess.Popen(
+            service.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True
+        )
+        log.close()
+        if service.detaches:
+            code = process.wait(timeout=service.start_timeout_s)
+            if code != 0:
+                raise RuntimeError(f"{service.name} failed to start (exit {code}); see {self.log_dir / (service.name + '.log')}")
+        else:
+            self.pidfile(service.name).write_text(str(process.pid))
+        deadline = time.monotonic() + service.start_timeout_s
+        while time.monotonic() < deadline:
+            if service.health():
+                return "started"
+            if not service.detaches and process.poll() is not None:
+                raise RuntimeError(
+                    f"{service.name} exited with {process.returncode}; last lines of its log:\n" + self.tail(service.name)
+                )
+            time.sleep(0.5)
+        raise RuntimeError(f"{service.name} did not become healthy in {service.start_timeout_s:.0f} s:\n" + self.tail(service.name))
+
+    def stop(self, service: Service, timeout_s: float = 20.0) -> str:
+        if service.stop_argv is not None:
+            subprocess.run(service.stop_argv, capture_output=True, timeout=120, check=False)
+            return "stopped"
+        pid = self.pid(service.name)
+        if pid is None:
+            self.pidfile(service.name).unlink(missing_ok=True)
+            return "not running"
+        try:
+            os.killpg(pid, signal.SIGTERM)  # the whole session: the Flink JVM, uvicorn workers
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.pid(service.name):
+            time.sleep(0.2)
+        if self.pid(service.name):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.pidfile(service.name).unlink(missing_ok=True)
+        return "stopped"
+
+    def tail(self, name: str, lines: int = 15) -> str:
+        path = self.log_dir / f"{name}.log"
+        if not path.exists():
+            return "(no log)"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])

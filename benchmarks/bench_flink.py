@@ -29,7 +29,7 @@ def _produce(args: tuple[str, str, int, int, int]) -> int:
 
     rng = random.Random(seed)
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=512 * 1024,
-                             compression_type="lz4", buffer_memory=128 * 1024 * 1024)
+                             compression_type="lz4")
     base_ms = 1_767_225_600_000
     for i in range(count):
         ts_ms = base_ms + (i * 1000) // events_per_s

@@ -30,7 +30,7 @@ def _produce(args: tuple[str, str, int, float, int]) -> int:
 
     rng = random.Random(seed)
     producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=256 * 1024,
-                             compression_type="lz4", buffer_memory=64 * 1024 * 1024)
+                             compression_type="lz4")
     sent, started = 0, time.monotonic()
     while (elapsed := time.monotonic() - started) < duration_s:
         target = int(elapsed * rate)

@@ -1,0 +1,104 @@
+"""The parameterized queries on the real ClickHouse engine (chDB in memory), with rows
+routed exactly as the loader routes them, each inserted twice (a redelivery)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from ablab.streaming.loader.rows import TABLE_COLUMNS, Routed, route
+from ablab.streaming.store import apply_ddl, make_client, queries
+
+BASE = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def _ts(seconds: float) -> str:
+    return (BASE + timedelta(seconds=seconds)).isoformat().replace("+00:00", "Z")
+
+
+def _inference(i: int, *, seconds: float, variant: str, unit: str, e2e: float, error: str | None = None) -> dict:
+    return {"v": 1, "type": "inference", "event_id": f"e{i}", "ts": _ts(seconds), "trace_id": f"t{i}",
+            "experiment": "x", "variant": variant, "unit_id": unit, "ttft_ms": 1.0, "e2e_ms": e2e,
+            "tpot_ms": None, "prompt_tokens": 3, "output_tokens": 1, "device_s": 0.5, "cost_usd": 0.25,
+            "price_version": "p", "strategy": "s", "error": error}
+
+
+@pytest.fixture
+def client():
+    handle = make_client("chdb://memory")
+    database = f"q_{uuid.uuid4().hex[:10]}"
+    handle.command(f"CREATE DATABASE {database}")
+    handle.database = database
+    apply_ddl(handle)
+    yield handle
+    handle.command(f"DROP DATABASE {database}")
+    handle.close()
+
+
+def _load(client, records: list[tuple[str, dict]]) -> None:
+    rows: dict[str, list] = {}
+    for offset, (topic, value) in enumerate(records):
+        routed = route(topic=topic, value=json.dumps(value).encode(), partition=0, offset=offset,
+                       windows_topic="w")
+        assert isinstance(routed, Routed), routed
+        rows.setdefault(routed.table, []).append(routed.row)
+    for table, batch in rows.items():
+        for _ in range(2):  # redelivered: must count once
+            client.insert(table, batch, column_names=list(TABLE_COLUMNS[table]))
+
+
+def test_per_unit_aggregates_count_each_event_once_and_attribute_late_labels(client):
+    events = [
+        _inference(0, seconds=1, variant="a", unit="u1", e2e=10.0),
+        _inference(1, seconds=2, variant="a", unit="u1", e2e=20.0, error="timeout"),
+        _inference(2, seconds=12, variant="b", unit="u2", e2e=30.0),
+    ]
+    labels = [  # minutes late; t0 relabelled later: the latest label wins
+        {"v": 1, "type": "feedback", "event_id": "f0", "ts": _ts(300), "trace_id": "t0", "correct": 0, "source": "auto"},
+        {"v": 1, "type": "feedback", "event_id": "f1", "ts": _ts(400), "trace_id": "t0", "correct": 1, "source": "human"},
+        {"v": 1, "type": "feedback", "event_id": "f2", "ts": _ts(500), "trace_id": "t2", "correct": 0, "source": "human"},
+    ]
+    _load(client, [("i", e) for e in events] + [("f", f) for f in labels])
+    rows = {(r["variant"], r["unit_id"]): r for r in queries.variant_unit_aggregates(client, experiment="x")}
+    assert rows[("a", "u1")]["n"] == 2 and rows[("a", "u1")]["errors"] == 1
+    assert rows[("a", "u1")]["e2e_sum"] == 30.0 and rows[("a", "u1")]["e2e_sumsq"] == 500.0
+    assert (rows[("a", "u1")]["labeled"], rows[("a", "u1")]["correct"]) == (1, 1)
+    assert (rows[("b", "u2")]["labeled"], rows[("b", "u2")]["correct"]) == (1, 0)
+    assert rows[("b", "u2")]["tpot_n"] == 0 and rows[("b", "u2")]["cost_sum"] == 0.25
+    assert queries.variant_unit_aggregates(client, experiment="other") == []
+
+    windows = {(r["variant"], r["window_start"].second): (r["labeled"], r["correct"])
+               for r in queries.feedback_by_window(client, experiment="x")}
+    assert windows == {("a", 0): (1, 1), ("b", 10): (1, 0)}  # the requests' windows, not the labels'
+
+
+def test_window_rows_and_reconciliation(client):
+    window = {"kind": "inference", "experiment": "x", "variant": "a", "window_start": _ts(0), "window_end": _ts(10),
+              "n": 2, "errors": 0, "tpot_n": 0, "emitted_at": _ts(12)}
+    for name in TABLE_COLUMNS["window_stats"]:
+        window.setdefault(name, 1.5)
+    rum = {"kind": "rum", "experiment": "x", "variant": "a", "window_start": _ts(0), "window_end": _ts(10), "n": 1,
+           "e2e_sum": 9.0, "e2e_sumsq": 81.0, "e2e_p50": 9.0, "e2e_p95": 9.0, "e2e_p99": 9.0, "emitted_at": _ts(22)}
+    late = {"kind": "late", "event_type": "inference", "event_id": "e9", "trace_id": "t9", "experiment": "x",
+            "variant": "a", "ts": _ts(3), "watermark": _ts(60), "e2e_ms": 7.0}
+    events = [_inference(i, seconds=i + 1, variant="a", unit="u", e2e=5.0) for i in range(2)]
+    events.append(_inference(9, seconds=3, variant="a", unit="u", e2e=7.0))
+    _load(client, [("w", window), ("w", rum), ("w", late)] + [("i", e) for e in events])
+
+    rows = queries.window_rows(client, experiment="x")
+    assert len(rows) == 1
+    assert rows[0]["n"] == 2 and rows[0]["rum_n"] == 1 and rows[0]["rum_e2e_sum"] == 9.0
+    assert rows[0]["labeled"] is None  # no labels yet
+    assert queries.window_rows(client, experiment="x", start=BASE + timedelta(seconds=10)) == []
+    assert queries.reconciliation(client, experiment="x") == {"raw": 3, "windowed": 2, "late": 1, "balanced": True}
+    assert [r["event_id"] for r in queries.late_events(client, experiment="x")] == ["e9"]
+
+
+def test_user_input_is_bound_not_formatted(client):
+    _load(client, [("i", _inference(0, seconds=1, variant="a", unit="u", e2e=1.0))])
+    hostile = "x' OR 1=1 --"
+    assert queries.variant_unit_aggregates(client, experiment=hostile) == []
+    assert queries.reconciliation(client, experiment=hostile)["raw"] == 0

@@ -25,7 +25,7 @@ def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     home = tmp_path_factory.mktemp("dash-home")
     seeded = subprocess.run(
         [sys.executable, "-m", "ablab.dashboards.testing", "--home", str(home), "--experiment", SEEDED,
-         "--requests", "8000", "--units", "800"],
+         "--requests", "12000", "--units", "2000"],
         capture_output=True, text=True, timeout=300, check=True,
     )
     counts = json.loads(seeded.stdout.strip().splitlines()[-1])

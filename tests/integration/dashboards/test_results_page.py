@@ -30,7 +30,10 @@ def test_results_page_shows_the_whole_analysis(seeded_api, open_app):
     row = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] == "int8")
     shown = table[(table["Metric"] == "Latency (mean)") & (table["Variant"] == "int8")].iloc[0]
     assert shown["Estimate"] == f"{row['estimate']:,.0f} ms"
-    assert shown["Verdict"] == "🟢 better"
+    significant = row["p_value_adjusted"] < result["alpha"]
+    assert shown["Verdict"] == ("🟢 better" if significant and row["abs_diff"] < 0 else "⚪ no difference" if not significant else "🔴 worse")
+    assert row["abs_diff"] < 0  # the seed makes int8 faster; the page must show a negative difference
+    assert shown["Difference"].startswith("-")
     assert "labeled" in table[table["Metric"] == "Accuracy"].iloc[0]["n"]
     decisions = {d["variant"]: d["decision"] for d in result["decisions"]}
     assert shown["Decision"] in {"🟢 ship", "🔴 don't ship", "🟡 keep running"}
@@ -40,9 +43,9 @@ def test_results_page_shows_the_whole_analysis(seeded_api, open_app):
     assert set(guardrails["Metric"]) == {"TTFT p95", "Accuracy"}
     assert guardrails["Status"].str.contains("pass|breach|pending").all()
 
-    charts = at.get("arrow_vega_lite_chart")
+    charts = at.get("vega_lite_chart")
     titles = " ".join(str(c.proto.spec) for c in charts)
-    for title in ("Latency per variant", "10 s window", "Latency distribution", "Pareto", "Shapley"):
+    for title in ("Latency per variant", "running (cumulative), with 95% CI", "Latency distribution", "Pareto", "Shapley"):
         assert title in titles, title
     downloads = at.get("download_button")
     assert downloads, "CSV download missing"
@@ -70,7 +73,7 @@ def test_timeseries_metric_switch_and_window_mode(open_app):
     at.toggle(key="res_cumulative").set_value(False)
     at.selectbox(key="res_series_metric").select("accuracy").run()
     assert not at.exception
-    spec = " ".join(str(c.proto.spec) for c in at.get("arrow_vega_lite_chart"))
+    spec = " ".join(str(c.proto.spec) for c in at.get("vega_lite_chart"))
     assert "Accuracy, per 10 s window" in spec
 
 

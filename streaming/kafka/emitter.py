@@ -23,6 +23,10 @@ Guarantees and their limits (measured by tests/integration/streaming/test_emitte
   (broker killed at that instant) is spooled and replayed, so it may arrive twice; so may
   the records of one segment if the process dies mid-replay. Every event has an
   ``event_id`` and the loader deduplicates on it, so none is counted twice.
+- The one counted loss: a record the broker can never accept (larger than
+  ``max_request_size``; validated events are a few KiB at most) is dropped at replay and
+  counted in ``dropped``, so it cannot wedge the spool. A disk-full spool write is
+  counted there too.
 - Records that were in flight when the broker failed may be spooled after a few newer
   ones (their failures arrive after the switch to spooling). Per-key order is therefore
   not strict across an outage; the pipeline orders by event time (watermarks).

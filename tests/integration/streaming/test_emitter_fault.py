@@ -69,14 +69,13 @@ def test_broker_down_30s_while_emitting_loses_nothing(tmp_path: Path) -> None:
         thread.join()
         assert emitter.flush(120), emitter.counters()
         counters = emitter.counters()
-    finally:
-        stop.set()
         emitter.close(timeout_s=5)
-
-    try:
         records = read_topics(bootstrap=broker.bootstrap, topics=EVENT_TOPICS.values(), expected=emitted,
                               timeout_s=60)
-    finally:
+    finally:  # never leave a broker behind, whatever failed
+        stop.set()
+        thread.join(timeout=10)
+        emitter.close(timeout_s=5)
         stop_broker(directory=broker.directory)
     ids = Counter(json.loads(r.value)["event_id"] for r in records)
     expected = {f"{run}-{i}" for i in range(emitted)}

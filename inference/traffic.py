@@ -106,6 +106,8 @@ def run_traffic(
     planned = plan_requests(cfg)
     result = TrafficResult()
     lock = threading.Lock()
+    if ledger:
+        ledger.parent.mkdir(parents=True, exist_ok=True)
     ledger_file = ledger.open("a") if ledger else None
     client = httpx.Client(base_url=worker_url.rstrip("/"), timeout=timeout_s)
 

@@ -72,6 +72,8 @@ def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = 
         "ABLAB_HOME": str(home),
         "ABLAB_DATABASE_URL": database_url,
         "ABLAB_API_URL": f"http://127.0.0.1:{port}",
+        # Control-plane tests need no analytics store; tests of it turn it on.
+        "ABLAB_ANALYTICS": "false",
         **(extra_env or {}),
     }
     run_cli("db", "upgrade", "--no-clickhouse", env=env)

@@ -25,7 +25,7 @@ def pipeline_api(kafka_broker, tmp_path_factory):
     server = start_api(
         f"sqlite:///{home / 'ablab.db'}",
         home,
-        extra_env={"ABLAB_KAFKA_BOOTSTRAP": kafka_broker, "ABLAB_WEBHOOK_SECRET": "s3cret-for-tests", "ABLAB_GUARDRAIL_INTERVAL_S": "0"},
+        extra_env={"ABLAB_KAFKA_BOOTSTRAP": kafka_broker, "ABLAB_WEBHOOK_SECRET": "s3cret-for-tests", "ABLAB_GUARDRAIL_INTERVAL_S": "0", "ABLAB_ANALYTICS": "true"},
     )
     yield server
     stop_api(server)

@@ -1,0 +1,46 @@
+"""The stack's supervisor on real processes: start, health, reuse, stop, no leftovers."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ablab.platform.stack.processes import Service, Supervisor, http_ok
+
+
+def test_start_reuse_and_stop_leave_nothing_behind(tmp_path) -> None:
+    from ablab_testing import free_port
+
+    port = free_port()
+    service = Service(
+        name="web",
+        argv=[sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        health=http_ok(f"http://127.0.0.1:{port}/"),
+        start_timeout_s=30,
+    )
+    supervisor = Supervisor(tmp_path)
+    assert supervisor.start(service) == "started"
+    pid = supervisor.pid("web")
+    assert pid is not None
+    assert supervisor.start(service) == "reused"  # a second `up` reuses it
+    assert supervisor.pid("web") == pid
+    assert supervisor.stop(service) == "stopped"
+    assert supervisor.pid("web") is None
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/status").read().find("zombie") >= 0
+    assert supervisor.stop(service) == "not running"
+
+
+def test_a_crashing_service_reports_its_log(tmp_path) -> None:
+    service = Service(
+        name="bad",
+        argv=[sys.executable, "-c", "import sys; print('boom: missing config'); sys.exit(3)"],
+        health=lambda: False,
+        start_timeout_s=10,
+    )
+    supervisor = Supervisor(tmp_path)
+    try:
+        supervisor.start(service)
+    except RuntimeError as exc:
+        assert "exited with 3" in str(exc) and "boom: missing config" in str(exc)
+    else:
+        raise AssertionError("a crashing service must raise")

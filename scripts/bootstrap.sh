@@ -37,5 +37,7 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.deps 2>/dev/null)" != "$deps" ];
   echo "$deps" > .venv/.deps
 fi
 # Always re-point the editable install at this checkout (cheap).
-.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e . 2>&1 | grep -v "^$" || true
+log=$(mktemp)
+.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e . >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; exit 1; }
+rm -f "$log"
 .venv/bin/python -c 'import ablab.platform' || { echo "editable install of ablab failed" >&2; exit 1; }

@@ -146,4 +146,4 @@ def split_chart(preview: Sequence[Mapping[str, Any]]) -> alt.Chart:
         y=alt.Y("segment:N", title="Where units go", sort=None),
         color=alt.Color("segment:N", legend=None),
         tooltip=["segment", alt.Tooltip("share_pct:Q", format=".1f")],
-    ).properties(title="Split preview", height=28 * max(2, len(df)))
+    ).properties(title="Split preview", height=40 * max(2, len(df)) + 40, width=600)

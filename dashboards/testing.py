@@ -35,6 +35,14 @@ FACTORIAL_VARIANTS: dict[str, VariantEffect] = {
 }
 
 
+# Two variants, as a person would set up through the form: the baseline and INT8.
+PAIR_VARIANTS: dict[str, VariantEffect] = {
+    "control": VariantEffect(weight=0.5),
+    "int8": VariantEffect(weight=0.5, latency=0.8, accuracy=0.79, cost=0.7, strategy={"precision": "int8"}),
+}
+DESIGNS = {"factorial": FACTORIAL_VARIANTS, "pair": PAIR_VARIANTS}
+
+
 def experiment_body(key: str, variants: Mapping[str, VariantEffect] = FACTORIAL_VARIANTS, **extra: Any) -> dict[str, Any]:
     """The ``POST /v1/experiments`` body matching the seeded events."""
     return {
@@ -155,8 +163,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--experiment", required=True)
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--units", type=int, default=2_000)
+    parser.add_argument("--design", choices=sorted(DESIGNS), default="factorial", help="which variants the events come from")
     args = parser.parse_args(argv)
-    print(json.dumps(seed_store(home=args.home, experiment=args.experiment, n_requests=args.requests, n_units=args.units)))
+    print(json.dumps(seed_store(home=args.home, experiment=args.experiment, n_requests=args.requests, n_units=args.units,
+                                variants=DESIGNS[args.design])))
 
 
 if __name__ == "__main__":

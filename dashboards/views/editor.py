@@ -106,12 +106,12 @@ def _metrics(prefix: str, current: dict[str, Any] | None, errors: dict[str, str]
     current = current or {}
     names = list(METRICS)
     label = lambda m: f"{metric_label(m)} ({m})"  # noqa: E731
-    _init(f"{prefix}_primary", [m for m in current.get("primary", ["e2e_ms"]) if m in METRICS])
     primary = st.multiselect("Primary metrics (decide ship / don't ship)", names, key=f"{prefix}_primary", format_func=label,
+                             default=[m for m in current.get("primary", ["e2e_ms"]) if m in METRICS],
                              help="Good direction comes from the catalogue: latency and cost lower, accuracy higher.")
     field_error(errors, "metrics.primary")
-    _init(f"{prefix}_report", [m for m in (current.get("report") or names) if m in METRICS])
-    report = st.multiselect("Also report", names, key=f"{prefix}_report", format_func=label)
+    report = st.multiselect("Also report", names, key=f"{prefix}_report", format_func=label,
+                            default=[m for m in (current.get("report") or names) if m in METRICS])
     field_error(errors, "metrics.report")
     st.caption("SLOs for goodput (share of requests meeting every SLO); leave empty for none.")
     slos: dict[str, float] = {}
@@ -186,7 +186,7 @@ def _targeting(prefix: str, current: list[dict[str, Any]] | None, errors: dict[s
 
 
 def _split(weights: dict[str, float], traffic: float, holdout: float) -> None:
-    st.altair_chart(split_chart(forms.split_preview(weights, traffic=traffic, holdout=holdout)), width="stretch")
+    st.altair_chart(split_chart(forms.split_preview(weights, traffic=traffic, holdout=holdout)), width="content")
 
 
 # -- the form ------------------------------------------------------------------------------

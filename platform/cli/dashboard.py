@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,7 +29,7 @@ def streamlit_command(*, port: int, host: str, headless: bool) -> list[str]:
         "--server.port", str(port), "--server.address", host,
         "--server.headless", "true" if headless else "false",
         "--browser.gatherUsageStats", "false",
-        "--theme.base", "light",
+        "--theme.base", "light", "--client.toolbarMode", "viewer",
     ]
 
 
@@ -45,12 +44,12 @@ def dashboard(
     port = port or settings.dashboard_port
     env = {**os.environ, "ABLAB_API_URL": api_url or settings.api_url}
     console.print(f"[green]ablab dashboard[/] on http://{host}:{port} (API {env['ABLAB_API_URL']})")
+    command = streamlit_command(port=port, host=host, headless=headless)
     try:
-        code = subprocess.call(streamlit_command(port=port, host=host, headless=headless), env=env)
-    except KeyboardInterrupt:
-        code = 0
-    if code not in (0, -2, 130):
-        fail(f"streamlit exited with status {code}", hint="is the port free? try --port")
+        # Become the Streamlit server, so a supervisor's SIGTERM reaches it (a child would be orphaned).
+        os.execve(command[0], command, env)
+    except OSError as exc:
+        fail(f"could not start streamlit: {exc}")
 
 
 def register(app: typer.Typer) -> None:

@@ -31,7 +31,7 @@ def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     counts = json.loads(seeded.stdout.strip().splitlines()[-1])
     assert counts["raw_events"] > 8000 and counts["window_rows"] > 0
     server = start_api(f"sqlite:///{home / 'ablab.db'}", home,
-                       {"ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})
+                       {"ABLAB_ANALYTICS": "true", "ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})
     try:
         with server.client("admin") as admin:
             admin.post("/v1/experiments", json=experiment_body(SEEDED)).raise_for_status()

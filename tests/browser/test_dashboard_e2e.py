@@ -1,0 +1,156 @@
+"""End to end in headless Chromium (Debian's ``chromium``, driven by Playwright):
+sign in, create an experiment through the form, see it through the API, start it, open
+its results over seeded real data; screenshots go to ``docs/screenshots/``.
+
+Run: ``.venv/bin/python -m pytest tests/browser -m browser`` (``scripts/browser-deps.sh``
+installs chromium when it is missing).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ablab_testing import ApiServer, start_api, stop_api
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+REPO = Path(__file__).resolve().parents[2]
+SHOTS = REPO / "docs" / "screenshots"
+CHROMIUM = Path("/usr/bin/chromium")
+DASHBOARD_PORT = 18520  # this area's port range is 18500–18599
+FORM_KEY = "int8-rollout"
+
+
+def _seed(home: Path, key: str, design: str, requests: int, units: int) -> None:
+    subprocess.run([sys.executable, "-m", "ablab.dashboards.testing", "--home", str(home), "--experiment", key,
+                    "--design", design, "--requests", str(requests), "--units", str(units)],
+                   check=True, capture_output=True, text=True, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer, str]]:
+    if not CHROMIUM.exists():
+        if os.environ.get("CI"):
+            pytest.fail("/usr/bin/chromium is missing; .ci/run installs it with scripts/browser-deps.sh")
+        pytest.skip("Debian chromium not installed (run scripts/browser-deps.sh)")
+    from ablab.dashboards.testing import experiment_body
+
+    home = tmp_path_factory.mktemp("e2e-home")
+    _seed(home, FORM_KEY, "pair", 8000, 2000)  # the experiment the browser will create
+    _seed(home, "factorial", "factorial", 12000, 2000)  # one with four variants, for attribution
+    api = start_api(f"sqlite:///{home / 'ablab.db'}", home, {"ABLAB_ANALYTICS": "true", "ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})
+    with api.client("admin") as admin:
+        admin.post("/v1/experiments", json=experiment_body("factorial")).raise_for_status()
+        admin.post("/v1/experiments/factorial/start").raise_for_status()
+    log = open(home / "dashboard.log", "wb")  # noqa: SIM115 - closed below
+    dash = subprocess.Popen([str(Path(sys.executable).with_name("ablab")), "dashboard", "--port", str(DASHBOARD_PORT),
+                             "--api-url", api.base_url], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{DASHBOARD_PORT}"
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            raise RuntimeError(f"dashboard did not start:\n{(home / 'dashboard.log').read_text()}")
+        yield api, url
+    finally:
+        dash.terminate()
+        try:
+            dash.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            dash.kill()
+        log.close()
+        stop_api(api)
+
+
+@pytest.fixture
+def page(stack):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-dev-shm-usage"])
+        pg = browser.new_page(viewport={"width": 1400, "height": 1000})
+        pg.set_default_timeout(90_000)
+        yield pg
+        browser.close()
+
+
+def _tall_screenshot(pg, name: str, height: int) -> None:
+    # Streamlit scrolls inside its own container, so a "full page" shot needs a tall viewport.
+    pg.set_viewport_size({"width": 1400, "height": height})
+    time.sleep(3)  # let charts finish their first render
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    pg.screenshot(path=str(SHOTS / name))
+    pg.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def test_sign_in_create_start_and_read_results(stack, page):
+    from playwright.sync_api import expect
+
+    api, url = stack
+    pg = page
+    pg.goto(url)
+    pg.get_by_label("API token").fill(api.tokens["editor"])
+    pg.get_by_role("button", name="Sign in").click()
+    expect(pg.get_by_role("heading", name="Experiments")).to_be_visible()
+    expect(pg.get_by_text("1 experiment", exact=True)).to_be_visible()  # the table itself is a canvas
+    _tall_screenshot(pg, "experiments.png", 900)
+
+    pg.get_by_role("button", name="➕ New experiment").click()
+    expect(pg.get_by_role("heading", name="New experiment")).to_be_visible()
+    pg.get_by_label("Key", exact=True).fill(FORM_KEY)
+    pg.keyboard.press("Tab")
+    pg.get_by_label("Name", exact=True).fill("INT8 rollout")
+    pg.keyboard.press("Tab")
+    pg.get_by_label("Variant 2 key").fill("int8")
+    pg.keyboard.press("Tab")
+    expect(pg.get_by_text("Strategy of int8")).to_be_visible()
+    pg.get_by_text("Strategy of int8").click()
+    pg.get_by_role("combobox", name="precision").click()
+    pg.get_by_role("option", name="int8").click()
+    time.sleep(1)
+    _tall_screenshot(pg, "create.png", 2400)
+    pg.get_by_role("button", name="Create experiment").click()
+    expect(pg.get_by_text("Created experiment")).to_be_visible()
+
+    with api.client("viewer") as client:  # the form's experiment, as the API sees it
+        exp = client.get(f"/v1/experiments/{FORM_KEY}").json()
+    assert exp["name"] == "INT8 rollout" and exp["status"] == "draft"
+    assert {v["key"]: v["strategy"]["precision"] for v in exp["variants"]} == {"control": "fp32", "int8": "int8"}
+    assert sum(v["weight"] for v in exp["variants"]) == 100
+
+    pg.get_by_role("button", name="▶️ Start").click()
+    expect(pg.get_by_role("button", name="Yes, start")).to_be_visible()  # nothing happens before confirming
+    with api.client("viewer") as client:
+        assert client.get(f"/v1/experiments/{FORM_KEY}").json()["status"] == "draft"
+    pg.get_by_role("button", name="Yes, start").click()
+    expect(pg.get_by_text("Done: start")).to_be_visible()
+    with api.client("viewer") as client:
+        assert client.get(f"/v1/experiments/{FORM_KEY}").json()["status"] == "running"
+
+    pg.get_by_role("button", name="📊 Results").click()
+    expect(pg.get_by_role("heading", name="Per-variant results")).to_be_visible()
+    expect(pg.get_by_text("Traffic split is healthy")).to_be_visible()
+    expect(pg.get_by_text("int8 vs control")).to_be_visible()
+    _tall_screenshot(pg, "results.png", 3000)
+
+    pg.goto(f"{url}/?page=results&exp=factorial")  # a shared link: a new session signs in, then lands there
+    pg.get_by_label("API token").fill(api.tokens["viewer"])
+    pg.get_by_role("button", name="Sign in").click()
+    expect(pg.get_by_role("heading", name="Trade-offs and attribution")).to_be_visible()
+    expect(pg.get_by_text("Factor effects and interactions")).to_be_visible()
+    _tall_screenshot(pg, "attribution.png", 4200)
+    for name in ("experiments.png", "create.png", "results.png", "attribution.png"):
+        assert (SHOTS / name).stat().st_size > 20_000, name

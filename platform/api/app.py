@@ -133,7 +133,8 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
         lifespan=lifespan,
     )
     problems.install(app)
-    for module in (health, experiments, layers, assign, keys, results, ingest):
+    # The assignment router first: routes are matched in order and /v1/assign is the hot path.
+    for module in (assign, health, experiments, layers, keys, results, ingest):
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
     app.add_middleware(_MetricsMiddleware)

@@ -1,15 +1,26 @@
-"""Assignment over HTTP and the SDK's config feed. No database work on these hot paths."""
+"""Assignment over HTTP and the SDK's config feed. No database work on these hot paths.
+
+The two assignment routes are ``async`` with an ``async`` auth dependency: FastAPI runs
+every sync route and every sync dependency in a thread pool, one thread hop each, and on
+``POST /v1/assign`` those hops cost more CPU than the assignment itself (measured in
+docs/benchmarks/control-plane.md). The token and assignment caches touch the database
+only on a miss / once per TTL, so the event loop rarely waits on it.
+"""
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Response
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from ablab.platform.api.deps import Sdk, StateDep
+from ablab.platform.api.deps import Sdk, StateDep, _principal
+from ablab.platform.api.state import AppState, Principal
 from ablab.platform.assignment import assign, assign_batch
+from ablab.platform.auth import allows
+from ablab.platform.errors import Forbidden
+from ablab.platform.registry.schemas import Scope
 
 router = APIRouter(prefix="/v1", tags=["assignment"])
 
@@ -53,24 +64,65 @@ def _out(a: Any) -> dict[str, Any]:
     return {"experiment": a.experiment, "variant": a.variant, "strategy": a.strategy}
 
 
-# Routes return JSONResponse directly: the payload is built from trusted engine output, so
+class _AssignedJSON:
+    """Each assignment's JSON, serialized once per compiled config (strategies are constant)."""
+
+    def __init__(self) -> None:
+        self._config: object = None
+        self._by_id: dict[int, str] = {}
+
+    def fragment(self, config: object, a: Any) -> str:
+        if config is not self._config:
+            self._config, self._by_id = config, {}
+        text = self._by_id.get(id(a))
+        if text is None:  # assignments live in the (kept) compiled config: their ids are stable
+            text = self._by_id[id(a)] = json.dumps(_out(a), separators=(",", ":"), ensure_ascii=False, default=str)
+        return text
+
+
+_fragments = _AssignedJSON()
+
+
+def _json(text: str) -> Response:
+    return Response(content=text.encode(), media_type="application/json")
+
+
+def _state(request: Request) -> AppState:
+    return request.app.state.ablab
+
+
+async def _sdk_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:
+    """The same check as ``deps.require(Scope.sdk)``, without the thread-pool hop."""
+    principal = _principal(_state(request), authorization)
+    if not allows(principal.scope, Scope.sdk):
+        raise Forbidden(f"this route needs the 'sdk' scope; the token has '{principal.scope.value}'", field="Authorization")
+    return principal
+
+
+SdkAsync = Annotated[Principal, Depends(_sdk_principal)]
+
+
+# Routes return JSON text directly: the payload is built from trusted engine output, so
 # FastAPI's response validation would only cost time on the hottest path.
 @router.post("/assign", response_model=AssignResponse)
-def assign_unit(body: AssignRequest, state: StateDep, _: Sdk) -> JSONResponse:
-    cache = state.assignments.current()
-    found = assign(cache.config, body.unit_id, body.attributes, body.experiments)
+async def assign_unit(body: AssignRequest, request: Request, _: SdkAsync) -> Response:
+    state = _state(request)
+    config = state.assignments.current().config
+    found = assign(config, body.unit_id, body.attributes, body.experiments)
     for a in found:
         state.metrics.assignments.labels(a.experiment, a.variant).inc()
-    return JSONResponse({"assignments": [_out(a) for a in found]})
+    return _json('{"assignments":[' + ",".join(_fragments.fragment(config, a) for a in found) + "]}")
 
 
 @router.post("/assign/batch", response_model=BatchResponse)
-def assign_units(body: BatchRequest, state: StateDep, _: Sdk) -> JSONResponse:
-    cache = state.assignments.current()
+async def assign_units(body: BatchRequest, request: Request, _: SdkAsync) -> Response:
+    config = _state(request).assignments.current().config
     ids = [u.unit_id for u in body.units]
     attrs = [u.attributes for u in body.units] if any(u.attributes for u in body.units) else None
-    results = assign_batch(cache.config, ids, attrs, body.experiments)
-    return JSONResponse({"results": [[_out(a) for a in unit] for unit in results]})
+    results = assign_batch(config, ids, attrs, body.experiments)
+    fragment = _fragments.fragment
+    rows = ("[" + ",".join(fragment(config, a) for a in unit) + "]" for unit in results)
+    return _json('{"results":[' + ",".join(rows) + "]}")
 
 
 @router.get("/sdk/config", responses={304: {"description": "Not modified (If-None-Match matched)"}})

@@ -37,7 +37,7 @@ from rich.table import Table
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 LUA = Path(__file__).with_name("wrk") / "assign.lua"
 BASE_PORT = 18300  # this benchmark's port range: 18300–18349
-console = Console()
+console = Console(width=200)
 
 EXPERIMENT = {
     "key": "bench-assign",
@@ -59,6 +59,32 @@ class WrkResult:
     p99_ms: float
     errors: int
     load: str
+    api_cpu_us: float = float("nan")  # API CPU time (all its processes) per request
+
+
+def process_tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of ``root`` and its descendants (Linux /proc).
+
+    Noise-robust beside wall-clock figures: other engineers' load on the shared cores
+    lowers req/s but barely changes the CPU each request costs.
+    """
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        stats[int(entry.name)] = (int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (ppid, _) in stats.items() if ppid == parent and pid not in tree]
+        tree.update(children)
+        frontier.extend(children)
+    return sum(stats[pid][1] for pid in tree if pid in stats)
 
 
 def _ms(text: str) -> float:
@@ -114,8 +140,9 @@ class Api:
         self._log.close()
 
 
-def run_wrk(url: str, token: str, *, connections: int, duration: int, batch: int | None = None) -> WrkResult:
+def run_wrk(url: str, token: str, *, connections: int, duration: int, batch: int | None = None, api_pid: int | None = None) -> WrkResult:
     load = load_average()
+    cpu_before = process_tree_cpu_s(api_pid) if api_pid else 0.0
     cmd = ["wrk", "-t2", f"-c{connections}", f"-d{duration}s", "--latency", "--timeout", "5s", "-s", str(LUA), url, "--", token]
     if batch is not None:
         cmd.append(str(batch))
@@ -123,7 +150,10 @@ def run_wrk(url: str, token: str, *, connections: int, duration: int, batch: int
     if done.stderr.strip():
         console.print(f"[yellow]wrk stderr:[/] {done.stderr.strip()[:500]}")
     rps, p50, p99, errors = parse_wrk(done.stdout)
-    return WrkResult(rps, p50, p99, errors, load)
+    cpu_us = float("nan")
+    if api_pid and rps > 0:
+        cpu_us = (process_tree_cpu_s(api_pid) - cpu_before) / (rps * duration) * 1e6
+    return WrkResult(rps, p50, p99, errors, load, cpu_us)
 
 
 def main() -> None:
@@ -144,6 +174,11 @@ def main() -> None:
         "ABLAB_HOME": str(home),
         "ABLAB_DATABASE_URL": f"sqlite:///{home / 'ablab.db'}",
         "ABLAB_LOG_LEVEL": "WARNING",
+        # The control plane alone: no embedded ClickHouse store (one process owns chdb, so
+        # it would forbid --workers 2) and no loader; results routes are not measured here.
+        "ABLAB_ANALYTICS": "false",
+        "ABLAB_RUN_LOADER": "false",
+        "ABLAB_GUARDRAIL_INTERVAL_S": "0",
     }
     cli("db", "upgrade", "--no-clickhouse", env=env)
     editor = cli("keys", "create", "--name", "bench-editor", "--scope", "editor", env=env).strip().splitlines()[-1]
@@ -152,7 +187,12 @@ def main() -> None:
     rows: list[tuple[str, int, int, WrkResult, int]] = []
     try:
         for n, workers in enumerate(args.workers):
-            api = Api(env=env, port=BASE_PORT + 1 + n, workers=workers, log=home / f"api-{workers}.log")
+            try:
+                api = Api(env=env, port=BASE_PORT + 1 + n, workers=workers, log=home / f"api-{workers}.log")
+            except RuntimeError as exc:  # report it and go on with the other worker counts
+                last = [line for line in str(exc).splitlines() if "Error" in line][-1:] or [str(exc)[-300:]]
+                console.print(f"[red]ablab api --workers {workers} did not start:[/] {last[0]}")
+                continue
             try:
                 with httpx.Client(base_url=api.base, headers={"Authorization": f"Bearer {editor}"}) as c:
                     if c.get(f"/v1/experiments/{EXPERIMENT['key']}").status_code == 404:
@@ -164,12 +204,12 @@ def main() -> None:
                 # Warm-up: every worker imports, compiles its cache, opens its pool.
                 run_wrk(f"{api.base}/v1/assign", sdk, connections=args.connections, duration=3)
                 for _ in range(args.repeat):
-                    single = run_wrk(f"{api.base}/v1/assign", sdk, connections=args.connections, duration=args.duration)
+                    single = run_wrk(f"{api.base}/v1/assign", sdk, connections=args.connections, duration=args.duration, api_pid=api.process.pid)
                     rows.append(("POST /v1/assign", workers, args.connections, single, 1))
                     console.print(f"workers={workers} assign: {single}")
                     batch = run_wrk(
                         f"{api.base}/v1/assign/batch", sdk, connections=args.batch_connections,
-                        duration=args.duration, batch=args.batch_size,
+                        duration=args.duration, batch=args.batch_size, api_pid=api.process.pid,
                     )
                     rows.append((f"POST /v1/assign/batch ({args.batch_size} units)", workers, args.batch_connections, batch, args.batch_size))
                     console.print(f"workers={workers} batch: {batch}")
@@ -178,8 +218,9 @@ def main() -> None:
     finally:
         shutil.rmtree(home, ignore_errors=True)
 
+    console.print(f"machine: {os.cpu_count()} CPUs; load average now {load_average()}")
     table = Table(title=f"ablab API under wrk (-t2, {args.duration} s), loopback, same 2 cores as wrk")
-    for col in ("endpoint", "API workers", "conns", "load avg (1/5/15)", "req/s", "assignments/s", "p50", "p99", "errors", "goal met"):
+    for col in ("endpoint", "API workers", "conns", "load avg (1/5/15)", "req/s", "assignments/s", "p50", "p99", "API CPU/req", "errors", "goal met"):
         table.add_column(col, justify="left" if col in ("endpoint", "load avg (1/5/15)") else "right")
     for endpoint, workers, conns, r, per_request in rows:
         if per_request == 1:
@@ -188,7 +229,7 @@ def main() -> None:
             met = r.requests_per_s * per_request >= 100_000
         table.add_row(
             endpoint, str(workers), str(conns), r.load, f"{r.requests_per_s:,.0f}", f"{r.requests_per_s * per_request:,.0f}",
-            f"{r.p50_ms:.2f} ms", f"{r.p99_ms:.2f} ms", str(r.errors), "yes" if met else "NO",
+            f"{r.p50_ms:.2f} ms", f"{r.p99_ms:.2f} ms", f"{r.api_cpu_us:,.0f} µs", str(r.errors), "yes" if met else "NO",
         )
     console.print(table)
 

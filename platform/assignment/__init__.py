@@ -10,7 +10,7 @@ from ablab.platform.assignment.engine import (
     assign,
     assign_batch,
 )
-from ablab.platform.assignment.hashing import bucket, bucket_batch, murmur3_32, murmur3_32_batch
+from ablab.platform.assignment.hashing import bucket, bucket_batch, murmur3_32
 
 __all__ = [
     "Assignment",
@@ -24,5 +24,4 @@ __all__ = [
     "bucket",
     "bucket_batch",
     "murmur3_32",
-    "murmur3_32_batch",
 ]

@@ -199,7 +199,7 @@ def assign(
             continue
         if spec.targeting and not matches_all(spec.targeting, attributes):
             continue
-        if bucket(c.traffic_salt, uid, space) >= c.traffic_threshold:
+        if c.traffic_threshold < space and bucket(c.traffic_salt, uid, space) >= c.traffic_threshold:
             continue
         index = bisect_right(c.bounds, bucket(c.variant_salt, uid, space))
         if spec.variants[index].paused:
@@ -243,7 +243,10 @@ def assign_indices(
         ids = ids_for(c)
         index = np.full(n, -1, dtype=np.int64)
         if spec.status == "running" and n:
-            mask = hashed(c.traffic_salt, c.unit_attribute, ids) < c.traffic_threshold
+            if c.traffic_threshold >= space:  # full traffic: the traffic hash cannot exclude anyone
+                mask = np.ones(n, dtype=bool)
+            else:
+                mask = hashed(c.traffic_salt, c.unit_attribute, ids) < c.traffic_threshold
             if c.holdout_salt is not None:
                 mask &= hashed(c.holdout_salt, c.unit_attribute, ids) >= c.holdout_threshold
             if c.layer_salt is not None:

@@ -6,7 +6,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from functools import cached_property
+import operator
+from functools import cached_property, lru_cache
 from typing import Any
 
 
@@ -30,6 +31,7 @@ class Op(StrEnum):
 _SEMVER = re.compile(r"^v?(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:-([0-9A-Za-z.\-]+))?(?:\+[0-9A-Za-z.\-]+)?$")
 
 
+@lru_cache(maxsize=4096)  # attribute values repeat (app versions): parse each once
 def parse_semver(text: str) -> tuple[int, int, int, int, tuple[Any, ...]]:
     """Sort key of a semantic version; a pre-release sorts before its release."""
     match = _SEMVER.match(str(text).strip())
@@ -82,24 +84,22 @@ class Condition:
                 return actual not in self.value
             if op is Op.regex:
                 return self._pattern.search(str(actual)) is not None
-            if op.value.startswith("semver_"):
-                left, right = parse_semver(actual), self._semver
-                return {
-                    Op.semver_eq: left == right,
-                    Op.semver_gt: left > right,
-                    Op.semver_gte: left >= right,
-                    Op.semver_lt: left < right,
-                    Op.semver_lte: left <= right,
-                }[op]
-            left_num, right_num = float(actual), float(self.value)
-            return {
-                Op.gt: left_num > right_num,
-                Op.gte: left_num >= right_num,
-                Op.lt: left_num < right_num,
-                Op.lte: left_num <= right_num,
-            }[op]
+            compare = _SEMVER_OPS.get(op)
+            if compare is not None:
+                return compare(parse_semver(str(actual)), self._semver)
+            return _NUMERIC_OPS[op](float(actual), float(self.value))
         except (TypeError, ValueError):
             return False  # an attribute of the wrong type never matches
+
+
+_SEMVER_OPS = {
+    Op.semver_eq: operator.eq,
+    Op.semver_gt: operator.gt,
+    Op.semver_gte: operator.ge,
+    Op.semver_lt: operator.lt,
+    Op.semver_lte: operator.le,
+}
+_NUMERIC_OPS = {Op.gt: operator.gt, Op.gte: operator.ge, Op.lt: operator.lt, Op.lte: operator.le}
 
 
 def matches_all(conditions: tuple[Condition, ...], attributes: Mapping[str, Any] | None) -> bool:

@@ -146,9 +146,12 @@ def run_wrk(url: str, token: str, *, connections: int, duration: int, batch: int
     cmd = ["wrk", "-t2", f"-c{connections}", f"-d{duration}s", "--latency", "--timeout", "5s", "-s", str(LUA), url, "--", token]
     if batch is not None:
         cmd.append(str(batch))
-    done = subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=duration + 60)
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=duration + 60)
     if done.stderr.strip():
         console.print(f"[yellow]wrk stderr:[/] {done.stderr.strip()[:500]}")
+    if done.returncode != 0:  # e.g. the API went away: record the failure, keep the other rows
+        console.print(f"[red]wrk exited {done.returncode}:[/] {done.stdout.strip()[-500:]}")
+        return WrkResult(0.0, float("nan"), float("nan"), -1, load)
     rps, p50, p99, errors = parse_wrk(done.stdout)
     cpu_us = float("nan")
     if api_pid and rps > 0:

@@ -13,7 +13,6 @@ import pandas as pd
 import streamlit as st
 
 from ablab.dashboards import forms
-from ablab.dashboards.charts import split_chart
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import STATUS_BADGES, fmt_pct, metric_label
 from ablab.dashboards.views.common import Context, call, field_error, goto
@@ -186,7 +185,10 @@ def _targeting(prefix: str, current: list[dict[str, Any]] | None, errors: dict[s
 
 
 def _split(weights: dict[str, float], traffic: float, holdout: float) -> None:
-    st.altair_chart(split_chart(forms.split_preview(weights, traffic=traffic, holdout=holdout)), width="content")
+    rows = forms.split_preview(weights, traffic=traffic, holdout=holdout)
+    st.markdown("**Split preview**: where all units go")
+    st.dataframe(pd.DataFrame([{"Segment": r["segment"], "Share of all units": 100 * r["share"]} for r in rows]), hide_index=True,
+                 column_config={"Share of all units": st.column_config.ProgressColumn(format="%.1f%%", min_value=0, max_value=100)})
 
 
 # -- the form ------------------------------------------------------------------------------

@@ -96,6 +96,18 @@ def _tall_screenshot(pg, name: str, height: int) -> None:
     pg.set_viewport_size({"width": 1400, "height": 1000})
 
 
+def _settle(pg) -> None:
+    """Wait until Streamlit has finished the current script run (its status widget is gone)."""
+    pg.wait_for_function("() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=90_000)
+    time.sleep(0.5)
+
+
+def _click(pg, name: str) -> None:
+    _settle(pg)
+    pg.get_by_role("button", name=name).click()
+    _settle(pg)
+
+
 def test_sign_in_create_start_and_read_results(stack, page):
     from playwright.sync_api import expect
 
@@ -103,12 +115,12 @@ def test_sign_in_create_start_and_read_results(stack, page):
     pg = page
     pg.goto(url)
     pg.get_by_label("API token").fill(api.tokens["editor"])
-    pg.get_by_role("button", name="Sign in").click()
+    _click(pg, "Sign in")
     expect(pg.get_by_role("heading", name="Experiments")).to_be_visible()
     expect(pg.get_by_text("1 experiment", exact=True)).to_be_visible()  # the table itself is a canvas
     _tall_screenshot(pg, "experiments.png", 900)
 
-    pg.get_by_role("button", name="➕ New experiment").click()
+    _click(pg, "➕ New experiment")
     expect(pg.get_by_role("heading", name="New experiment")).to_be_visible()
     pg.get_by_label("Key", exact=True).fill(FORM_KEY)
     pg.keyboard.press("Tab")
@@ -122,7 +134,7 @@ def test_sign_in_create_start_and_read_results(stack, page):
     pg.get_by_role("option", name="int8").click()
     time.sleep(1)
     _tall_screenshot(pg, "create.png", 2400)
-    pg.get_by_role("button", name="Create experiment").click()
+    _click(pg, "Create experiment")
     expect(pg.get_by_text("Created experiment")).to_be_visible()
 
     with api.client("viewer") as client:  # the form's experiment, as the API sees it
@@ -131,16 +143,16 @@ def test_sign_in_create_start_and_read_results(stack, page):
     assert {v["key"]: v["strategy"]["precision"] for v in exp["variants"]} == {"control": "fp32", "int8": "int8"}
     assert sum(v["weight"] for v in exp["variants"]) == 100
 
-    pg.get_by_role("button", name="▶️ Start").click()
+    _click(pg, "▶️ Start")
     expect(pg.get_by_role("button", name="Yes, start")).to_be_visible()  # nothing happens before confirming
     with api.client("viewer") as client:
         assert client.get(f"/v1/experiments/{FORM_KEY}").json()["status"] == "draft"
-    pg.get_by_role("button", name="Yes, start").click()
+    _click(pg, "Yes, start")
     expect(pg.get_by_text("Done: start")).to_be_visible()
     with api.client("viewer") as client:
         assert client.get(f"/v1/experiments/{FORM_KEY}").json()["status"] == "running"
 
-    pg.get_by_role("button", name="📊 Results").click()
+    _click(pg, "📊 Results")
     expect(pg.get_by_role("heading", name="Per-variant results")).to_be_visible()
     expect(pg.get_by_text("Traffic split is healthy")).to_be_visible()
     expect(pg.get_by_text("int8 vs control")).to_be_visible()
@@ -148,7 +160,7 @@ def test_sign_in_create_start_and_read_results(stack, page):
 
     pg.goto(f"{url}/?page=results&exp=factorial")  # a shared link: a new session signs in, then lands there
     pg.get_by_label("API token").fill(api.tokens["viewer"])
-    pg.get_by_role("button", name="Sign in").click()
+    _click(pg, "Sign in")
     expect(pg.get_by_role("heading", name="Trade-offs and attribution")).to_be_visible()
     expect(pg.get_by_text("Factor effects and interactions")).to_be_visible()
     _tall_screenshot(pg, "attribution.png", 4200)

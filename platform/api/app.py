@@ -93,7 +93,18 @@ class _Ingest:
         from ablab.streaming.ingest import IngestStats
         from ablab.streaming.kafka.emitter import emitter_from_settings
 
-        self.emitter = emitter_from_settings(name="api", settings=state.settings)
+        from ablab.streaming.kafka.spool import SpoolLockedError
+
+        # One spool per API worker process: take the first free slot, so a restarted
+        # worker picks up (and replays) what its predecessor in that slot left behind.
+        for slot in range(64):
+            try:
+                self.emitter = emitter_from_settings(name=f"api-{slot}", settings=state.settings)
+                break
+            except SpoolLockedError:
+                continue
+        else:
+            raise RuntimeError("all 64 API spool slots are locked; too many API workers on one ABLAB_HOME")
         self.stats = IngestStats()
         self._state = state
         state.extras["ingest"] = self

@@ -290,11 +290,12 @@ def update_experiment(
 
 
 def _flush_versioned(session: Session, exp: Experiment) -> None:
+    key = exp.key  # read before the flush: after a failed flush the instance is unusable
     try:
         session.flush()
     except StaleDataError as exc:  # another writer committed between our read and write
         raise PreconditionFailed(
-            f"experiment '{exp.key}' was changed concurrently; GET it again and reapply your change",
+            f"experiment '{key}' was changed concurrently; GET it again and reapply your change",
             field="If-Match",
         ) from exc
 

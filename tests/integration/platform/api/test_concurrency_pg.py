@@ -38,13 +38,8 @@ def experiment_body(key: str) -> dict:
     }
 
 
-# Known bug (found by these tests): when the losing writer's UPDATE waits on the winner's row
-# lock, its flush fails with StaleDataError and `_flush_versioned` then reads `exp.key` for
-# the message; the failed flush left the session needing a rollback, so that read raises
-# PendingRollbackError → HTTP 500 instead of 412. Fix in platform/registry/service.py
-# `_flush_versioned`: take `key = exp.key` before `session.flush()` and use it in the
-# message. Remove these xfail marks once fixed (the service-level one is strict).
-LOCK_WAIT_BUG = "service._flush_versioned reads exp.key after a failed flush: PendingRollbackError → 500 (see comment)"
+# A losing writer whose UPDATE waited on the winner's row lock must get 412, not 500
+# (found by these tests; _flush_versioned once read the instance after a failed flush).
 
 
 @pytest.fixture()
@@ -98,7 +93,6 @@ def test_audit_log_rejects_update_and_delete_in_the_database(pg_url: str) -> Non
         engine.dispose()
 
 
-@pytest.mark.xfail(reason=LOCK_WAIT_BUG, strict=False)  # only fails when a writer waits on the row lock
 def test_concurrent_patches_over_two_api_processes(pg_url: str, tmp_path) -> None:
     homes = [tmp_path / "api-a", tmp_path / "api-b"]
     for home in homes:
@@ -175,7 +169,6 @@ def test_two_sessions_same_version_second_flush_is_412(pg_url: str) -> None:
         engine.dispose()
 
 
-@pytest.mark.xfail(reason=LOCK_WAIT_BUG, strict=True, raises=AssertionError)
 def test_writer_that_waits_on_the_row_lock_gets_412(pg_url: str) -> None:
     """The interleaving real traffic produces: the loser's UPDATE blocks until the winner commits."""
     migrate.upgrade(pg_url)

@@ -129,9 +129,17 @@ def test_sign_in_create_start_and_read_results(stack, page):
     pg.get_by_label("Variant 2 key").fill("int8")
     pg.keyboard.press("Tab")
     expect(pg.get_by_text("Strategy of int8")).to_be_visible()
+    _settle(pg)
     pg.get_by_text("Strategy of int8").click()
-    pg.get_by_role("combobox", name="precision").click()
-    pg.get_by_role("option", name="int8").click()
+    _settle(pg)
+    for _ in range(3):  # the dropdown closes when a rerun lands on the click; open it again
+        pg.get_by_role("combobox", name="precision").click()
+        try:
+            pg.get_by_role("option", name="int8", exact=True).click(timeout=10_000)
+            break
+        except Exception:  # noqa: BLE001 - playwright's TimeoutError; retried
+            _settle(pg)
+    _settle(pg)
     time.sleep(1)
     _tall_screenshot(pg, "create.png", 2400)
     _click(pg, "Create experiment")

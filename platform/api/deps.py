@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from ablab.platform.api.state import AppState, Principal
 from ablab.platform.auth import allows
+from ablab.platform.registry.db import transaction
 from ablab.platform.errors import Forbidden, Invalid, PreconditionRequired, Unauthorized
 from ablab.platform.registry.schemas import Scope
 
@@ -23,15 +24,8 @@ StateDep = Annotated[AppState, Depends(get_state)]
 
 def get_session(state: StateDep) -> Iterator[Session]:
     """The dependency owns the transaction: commit on success, roll back on error."""
-    session = state.sessions()
-    try:
+    with transaction(state.sessions) as session:
         yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
 
 
 # scope="function": commit before the response leaves, so a client that reads its own

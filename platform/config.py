@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     run_loader: bool | None = Field(default=None, description="Run the Kafka → ClickHouse loader in the API; default: when embedded.")
     guardrail_interval_s: float = Field(default=30.0, ge=0, description="Guardrail checks every N s; 0 = off.")
     max_event_batch_bytes: int = Field(default=5_000_000, ge=1024, description="Largest accepted ingestion body.")
+    demo_worker_ports: list[int] = Field(default=[8101, 8102], min_length=1, description="`up --demo` worker ports.")
+    demo_duration_s: float = Field(default=1800.0, gt=0, description="How long `up --demo` traffic runs.")
+    tracing: Literal["off", "console", "otlp"] = Field(default="off", description="OpenTelemetry spans: off, console or OTLP/HTTP.")
+    otlp_endpoint: str = Field(default="http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint when tracing=otlp.")
 
     @field_validator("home")
     @classmethod

@@ -131,12 +131,18 @@ def create_app(worker: Worker):
     from fastapi import FastAPI, HTTPException
     from fastapi.responses import JSONResponse
 
+    from ablab.platform import telemetry
+
     app = FastAPI(title="ablab inference worker")
+    telemetry.instrument(app, service="ablab-worker")  # no-op unless ABLAB_TRACING is on
 
     @app.post("/v1/infer", response_model=InferResponse)
     def infer(body: InferRequest) -> InferResponse:  # sync: FastAPI's threadpool gives concurrency
+        if telemetry.enabled():  # the span's trace id is the event trace_id
+            body = body if body.trace_id else body.model_copy(update={"trace_id": ev.new_trace_id()})
         try:
-            return worker.handle(body)
+            with telemetry.span("inference", trace_id=body.trace_id, **{"ablab.unit_id": body.unit_id, "ablab.domain": body.domain}):
+                return worker.handle(body)
         except StrategyNotServable as exc:
             raise HTTPException(status_code=422, detail={"title": "strategy not servable", "reasons": exc.reasons}) from exc
 

@@ -149,4 +149,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
     app.add_middleware(_MetricsMiddleware)
+    from ablab.platform import telemetry
+
+    telemetry.instrument(app, settings, service="ablab-api")  # no-op unless ABLAB_TRACING is on
     return app

@@ -15,9 +15,6 @@ from rich.table import Table
 from ablab.platform.cli._common import console, fail, out
 from ablab.platform.config import Settings, get_settings
 
-DEMO_WORKER_PORTS = (8101, 8102)
-
-
 def _ablab() -> str:
     return str(Path(sys.executable).with_name("ablab"))
 
@@ -85,13 +82,13 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  #
     ]
     if demo and tokens:
         sdk_env = {**env, "ABLAB_SDK_TOKEN": tokens["sdk"]}
-        for i, wport in enumerate(DEMO_WORKER_PORTS):
+        for i, wport in enumerate(settings.demo_worker_ports):
             services.append(Service(f"worker-{i}", [ablab, "worker", "--port", str(wport), "--api-url", api, "--device", "cpu"],
                                     http_ok(f"http://127.0.0.1:{wport}/healthz"), env=sdk_env, start_timeout_s=180))
-        for i, wport in enumerate(DEMO_WORKER_PORTS):
+        for i, wport in enumerate(settings.demo_worker_ports):
             ledger = str(settings.home / "run" / f"ledger-{i}.jsonl")
             services.append(Service(f"traffic-{i}", [ablab, "traffic", "--worker-url", f"http://127.0.0.1:{wport}", "--rate", "4",
-                                                     "--duration", "1800", "--users", "300", "--ledger", ledger, "--api-url", api,
+                                                     "--duration", f"{settings.demo_duration_s:g}", "--users", "300", "--ledger", ledger, "--api-url", api,
                                                      "--seed", str(7 + i)], lambda: True, env=sdk_env))
             services.append(Service(f"labeler-{i}", [ablab, "labeler", "--ledger", ledger, "--fraction", "0.5",
                                                      "--delay-median-min", "0.2", "--api-url", api, "--seed", str(11 + i)],

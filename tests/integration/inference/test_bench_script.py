@@ -32,3 +32,14 @@ def test_gpu_script_is_a_prepared_bash_script():
     text = script.read_text()
     assert text.startswith("#!/usr/bin/env bash") and "bench_inference.py" in text and "timeout" in text
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+def test_gpu_script_dry_run_on_cpu(tmp_path):
+    """`run_all.sh dry`: the H200 script itself starts and writes its table without a GPU."""
+    env = {**__import__("os").environ, "OUT": str(tmp_path), "PYTHON": sys.executable, "DRY_SECTIONS": "decode"}
+    proc = subprocess.run(["bash", str(ROOT / "benchmarks" / "gpu" / "run_all.sh"), "dry"], capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads((tmp_path / "inference-gpu.json").read_text())
+    assert data["device"] == "cpu" and data["decode"]["fp32"]["dense"] > 0
+    assert (tmp_path / "inference-gpu.md").read_text().strip()
+    assert (tmp_path / "gpu.txt").exists()

@@ -1,0 +1,121 @@
+"""`ablab up --demo` on a clean ABLAB_HOME with free ports: windows and attribution appear, `down` leaves nothing.
+
+Real parts throughout: the Maven-jar Kafka broker, the API with embedded chdb and its
+loader, the PyFlink mini-cluster job, two torch workers, traffic and labelers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from ablab_testing import ABLAB, free_port
+
+import subprocess
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def _two_consecutive_free_ports() -> int:
+    for _ in range(50):
+        port = free_port()
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port + 1)) != 0:
+                return port
+    raise RuntimeError("no free port pair")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def _alive_group(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _variants_with_windows(ts: object) -> set[str]:
+    """Variants that have at least one 10 s window row, whatever nesting the series uses."""
+    found: set[str] = set()
+
+    def walk(node: object, variant: str | None = None) -> None:
+        if isinstance(node, dict):
+            v = node.get("variant", variant)
+            if v is not None and any(k in node for k in ("window_start", "ts", "t", "window_end")):
+                found.add(str(v))
+            for key, value in node.items():
+                walk(value, v)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, variant)
+
+    walk(ts)
+    return found
+
+
+def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path: Path) -> None:
+    kafka_port = _two_consecutive_free_ports()
+    api_port, dash_port, w0, w1 = (free_port() for _ in range(4))
+    env = {
+        **os.environ,
+        "ABLAB_HOME": str(tmp_path / "home"),
+        "ABLAB_API_PORT": str(api_port),
+        "ABLAB_API_URL": f"http://127.0.0.1:{api_port}",
+        "ABLAB_DASHBOARD_PORT": str(dash_port),
+        "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
+        "ABLAB_DEMO_WORKER_PORTS": json.dumps([w0, w1]),
+        "ABLAB_DEMO_DURATION_S": "600",
+    }
+    ports = [kafka_port, api_port, dash_port, w0, w1]
+    run_dir = tmp_path / "home" / "run"
+    try:
+        first = subprocess.run([ABLAB, "up", "--demo"], env=env, capture_output=True, text=True, timeout=420, check=False)
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert "ablab is up" in first.stdout
+        second = subprocess.run([ABLAB, "up", "--demo"], env=env, capture_output=True, text=True, timeout=120, check=False)
+        assert second.returncode == 0, second.stdout + second.stderr
+        assert "reused" in second.stdout + second.stderr, second.stdout  # nothing started twice
+
+        token = json.loads((run_dir / "demo-tokens.json").read_text())["admin"]
+        api = httpx.Client(base_url=f"http://127.0.0.1:{api_port}", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+        want = {"baseline", "sparse", "compress", "sparse-compress", "lora"}
+        deadline = time.monotonic() + 240
+        ts: object = None
+        attribution: dict = {}
+        while time.monotonic() < deadline:
+            r = api.get("/v1/experiments/demo-serving/timeseries", params={"metric": "e2e_ms"})
+            if r.status_code == 200:
+                ts = r.json()
+                if _variants_with_windows(ts) >= want:
+                    a = api.get("/v1/experiments/demo-serving/attribution")
+                    if a.status_code == 200 and a.json():
+                        attribution = a.json()
+                        break
+            time.sleep(5)
+        logs = tmp_path / "home" / "logs"
+        tail = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log") if p.name in ("api.log", "stream.log")}
+        assert _variants_with_windows(ts) >= want, f"window rows per variant missing: {json.dumps(ts)[:2000]}\n{tail}"
+        results = api.get("/v1/experiments/demo-serving/results").json()
+        assert {m["variant"] for m in results["metrics"]} >= want
+        assert attribution, "empty attribution"
+        assert any(attribution.get(k) for k in ("pareto", "frontier", "factors", "effects", "shapley")), attribution
+    finally:
+        pids = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid")} if run_dir.exists() else {}
+        down = subprocess.run([ABLAB, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert pids, "up wrote no pidfiles"
+    time.sleep(1)
+    left = {name: pid for name, pid in pids.items() if _alive_group(pid)}
+    assert not left, f"process groups still alive after down: {left}"
+    busy = [p for p in ports if not _port_free(p)]
+    assert not busy, f"ports still bound after down: {busy}"

@@ -106,6 +106,12 @@ def stream_submit(
     rum_horizon_s: float = typer.Option(10.0, min=0, help="How far apart an inference event and its RUM may be."),
     checkpoint_interval_s: float = typer.Option(2.0, min=0.1, help="Checkpoint (and Kafka commit) interval."),
     parallelism: int = typer.Option(1, min=1, help="Flink parallelism."),
+    idle_timeout_s: float = typer.Option(
+        5.0, min=0,
+        help="Seconds after which a silent partition/topic stops holding the watermark, so live windows close "
+        "within seconds. 0 = never idle (exact, for bounded replays). An event that reaches an idle partition "
+        "after the watermark passed its window goes to late_rows, never dropped.",
+    ),
     bounded: bool = typer.Option(False, help="Stop at the offsets that are the latest at start (backfills)."),
     fresh: bool = typer.Option(False, help="Ignore retained checkpoints and start from the earliest offsets."),
 ) -> None:
@@ -121,6 +127,7 @@ def stream_submit(
             bootstrap=settings.kafka_bootstrap, inference_topic=EVENT_TOPICS["inference"], rum_topic=EVENT_TOPICS["rum"],
             windows_topic=WINDOWS_TOPIC, out_of_orderness_s=out_of_orderness_s, rum_horizon_s=rum_horizon_s,
             checkpoint_interval_s=checkpoint_interval_s, parallelism=parallelism, bounded=bounded,
+            idle_timeout_s=idle_timeout_s,
             checkpoint_dir=settings.home / "flink" / "checkpoints", restore=not fresh,
         )
     except JobConfigError as exc:

@@ -25,8 +25,14 @@ tests/integration/streaming/test_pipeline_canned.py):
   (``reference.late_ids``). Per experiment: raw inference events = Σ window ``n`` + late
   inference events (``queries.reconciliation``).
 - Partitions never go idle by default (``idle_timeout_s = 0``): an idle partition holds
-  the watermark, which keeps the rule above exact; a positive timeout trades that for
-  progress on sparse topics.
+  the watermark, which keeps the rule above exact; bounded replays and tests use 0.
+  ``ablab stream submit`` (live) defaults to 5 s so silent topics (cost, rum) do not stall
+  every window. Trade-off, not yet closed: an event that reaches a partition after it went
+  idle and after the watermark passed its window is not late by the per-partition rule, so
+  the window operator drops it; it stays in ``raw_events`` (the loader stores raw events),
+  and the reconciliation shows it as a raw-vs-windowed difference, but it is not in
+  ``late_events``. Routing it to late rows needs the late rule to compare against the
+  watermark (CURRENT_WATERMARK) as well; see docs/benchmarks/pipeline.md.
 - Duplicates (one ``event_id`` delivered twice) count once.
 - RUM (client-side latency) is joined to its inference event by ``trace_id`` and counted
   in that event's window and variant, when their window times lie within
@@ -77,7 +83,8 @@ class JobConfig:
     idle_timeout_s: float = 0.0
     """0 (default): a partition without records holds the watermark back. > 0 lets the job
     move on without an idle partition, at a price: that partition's next events may then be
-    behind the watermark and dropped by the window (see the late-data policy)."""
+    behind the watermark; such events are missed by the window (kept in raw_events only, see
+    the late-data policy above). Live submission uses 5 s."""
     bounded: bool = False
     """Stop at the offsets that are the latest when the job starts (tests, benchmarks)."""
     checkpoint_dir: Path | None = None

@@ -109,8 +109,8 @@ def stream_submit(
     idle_timeout_s: float = typer.Option(
         5.0, min=0,
         help="Seconds after which a silent partition/topic stops holding the watermark, so live windows close "
-        "within seconds. 0 = never idle (exact, for bounded replays). An event that reaches an idle partition "
-        "after the watermark passed its window goes to late_rows, never dropped.",
+        "within seconds. 0 = never idle (exact, for bounded replays). Cost: an event reaching an idle partition "
+        "after the watermark passed its window misses the window (kept in raw_events only).",
     ),
     bounded: bool = typer.Option(False, help="Stop at the offsets that are the latest at start (backfills)."),
     fresh: bool = typer.Option(False, help="Ignore retained checkpoints and start from the earliest offsets."),

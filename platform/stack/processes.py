@@ -50,17 +50,37 @@ def tcp_open(host: str, port: int) -> Callable[[], bool]:
     return check
 
 
+def group_alive(pgid: int) -> bool:
+    """Whether any process of the group (session) led by ``pgid`` still exists."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class Supervisor:
     def __init__(self, home: Path) -> None:
         self.run_dir = home / "run"
         self.log_dir = home / "logs"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Children this Supervisor started: polled so a dead one is reaped, not counted alive
+        # as a zombie (matters when one process restarts services, as the soak does).
+        self._children: dict[str, subprocess.Popen] = {}
 
     def pidfile(self, name: str) -> Path:
         return self.run_dir / f"{name}.pid"
 
+    def _reap(self, name: str) -> None:
+        child = self._children.get(name)
+        if child is not None and child.poll() is not None:
+            del self._children[name]
+
     def pid(self, name: str) -> int | None:
+        self._reap(name)
         try:
             pid = int(self.pidfile(name).read_text().strip())
         except (OSError, ValueError):
@@ -88,6 +108,7 @@ class Supervisor:
                 raise RuntimeError(f"{service.name} failed to start (exit {code}); see {self.log_dir / (service.name + '.log')}")
         else:
             self.pidfile(service.name).write_text(str(process.pid))
+            self._children[service.name] = process
         deadline = time.monotonic() + service.start_timeout_s
         while time.monotonic() < deadline:
             if service.health():
@@ -103,24 +124,37 @@ class Supervisor:
         if service.stop_argv is not None:
             subprocess.run(service.stop_argv, capture_output=True, timeout=120, check=False)
             return "stopped"
-        pid = self.pid(service.name)
-        if pid is None:
+        try:
+            pid = int(self.pidfile(service.name).read_text().strip())
+        except (OSError, ValueError):
+            return "not running"
+        # A dead leader may have left members behind (a JVM), so judge by the group.
+        if not self._group_alive(service.name, pid):
             self.pidfile(service.name).unlink(missing_ok=True)
             return "not running"
         try:
             os.killpg(pid, signal.SIGTERM)  # the whole session: the Flink JVM, uvicorn workers
         except ProcessLookupError:
             pass
+        # Wait for the whole group, not only its leader: a leader that exits on SIGTERM can
+        # leave a child (the Flink JVM) behind in its group, which only SIGKILL then reaches.
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and self.pid(service.name):
+        while time.monotonic() < deadline and self._group_alive(service.name, pid):
             time.sleep(0.2)
-        if self.pid(service.name):
+        killed = self._group_alive(service.name, pid)
+        if killed:
             try:
                 os.killpg(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            while self._group_alive(service.name, pid) and time.monotonic() < deadline + 10:
+                time.sleep(0.1)
         self.pidfile(service.name).unlink(missing_ok=True)
-        return "stopped"
+        return "killed after SIGTERM timeout" if killed else "stopped"
+
+    def _group_alive(self, name: str, pid: int) -> bool:
+        self._reap(name)
+        return group_alive(pid)
 
     def tail(self, name: str, lines: int = 15) -> str:
         path = self.log_dir / f"{name}.log"

@@ -44,3 +44,22 @@ def test_a_crashing_service_reports_its_log(tmp_path) -> None:
         assert "exited with 3" in str(exc) and "boom: missing config" in str(exc)
     else:
         raise AssertionError("a crashing service must raise")
+
+
+def test_stop_reaches_a_child_left_behind_by_its_leader(tmp_path) -> None:
+    """The leader exits on SIGTERM, its child (like the Flink JVM) ignores it: stop must not
+    report success while the child lives; it SIGKILLs the group."""
+    from ablab.platform.stack.processes import group_alive
+
+    stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child up', flush=True); time.sleep(300)"
+    leader = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {stubborn!r}]); time.sleep(300)"
+    ready = tmp_path / "logs" / "pair.log"
+    service = Service(name="pair", argv=[sys.executable, "-c", leader], health=lambda: ready.exists() and "child up" in ready.read_text(),
+                      start_timeout_s=30)
+    supervisor = Supervisor(tmp_path)
+    assert supervisor.start(service) == "started"
+    pid = supervisor.pid("pair")
+    assert pid is not None
+    assert supervisor.stop(service, timeout_s=2) == "killed after SIGTERM timeout"
+    assert not group_alive(pid)
+    assert supervisor.stop(service) == "not running"

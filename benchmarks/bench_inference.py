@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import time
@@ -26,12 +27,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="small counts (smoke run, CI)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--json", default=None, help="also write the figures as JSON here")
-    ap.add_argument("--sections", default="strategies,decode,batching,lora")
+    ap.add_argument("--sections", default="strategies,decode,precision,batching,lora")
     args = ap.parse_args(argv)
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     torch.set_num_threads(args.threads)
 
     from ablab.inference import benchmark as b
+    from ablab.inference import tasks
+    from ablab.inference.evaluate import accuracy
+    from ablab.inference.runtime.executor import RuntimeConfig
     from ablab.inference.assets import shipped_bundle
     from ablab.inference.scheduler import BatchingConfig
 
@@ -39,8 +43,9 @@ def main(argv: list[str] | None = None) -> int:
     d_ff = bundle.model.cfg.d_ff
     sections = set(args.sections.split(","))
     q = args.quick
-    result: dict = {"device": device, "torch": torch.__version__, "threads": args.threads, "host": platform.node()}
+    result: dict = {"device": device, "torch": torch.__version__, "threads": args.threads, "host": platform.node(), "loadavg_start": os.getloadavg()}
     print(f"# ablab inference benchmark — device {device}, torch {torch.__version__}, {args.threads} thread(s)\n")
+    print("load average at start (1/5/15 min): " + " / ".join(f"{x:.2f}" for x in os.getloadavg()) + "\n")
     t_all = time.perf_counter()
 
     if "strategies" in sections:
@@ -50,17 +55,54 @@ def main(argv: list[str] | None = None) -> int:
         result["strategies"] = {k: {"n": v.n, "correct": v.correct, "error": v.error, "ttft_p50": b._pct(v.ttft, .5), "tpot_p50": b._pct(v.tpot, .5), "e2e_p50": b._pct(v.e2e, .5), "e2e_p95": b._pct(v.e2e, .95)} for k, v in stats.items()}
 
     if "decode" in sections:
-        print("## Decode step at batch 1 (median µs per step, context 24)\n")
-        print("| precision | dense | " + " | ".join(f"k={k}" for k in (d_ff // 8, d_ff // 16)) + " | speed-up k/8 | speed-up k/16 |")
-        print("|---|---|---|---|---|---|")
+        ks = (d_ff // 8, d_ff // 16, d_ff // 24, d_ff // 32)
+        print("## Sparse FFN: decode step at batch 1 (median µs per step, context 24) and held-out accuracy\n")
+        print("| precision | dense | " + " | ".join(f"k={k}" for k in ks) + " | " + " | ".join(f"speed-up k={k}" for k in ks) + " |")
+        print("|---" * (2 + 2 * len(ks)) + "|")
         result["decode"] = {}
         for prec in ("fp32", "bf16", "int8"):
             if prec == "int8" and device != "cpu":
                 continue
-            r = b.decode_step_ratio(bundle, device=device, ks=(d_ff // 8, d_ff // 16), precision=prec, steps=50 if q else 200, rounds=2 if q else 5)
+            r = b.decode_step_ratio(bundle, device=device, ks=ks, precision=prec, steps=50 if q else 200, rounds=2 if q else 7)
             result["decode"][prec] = r
-            k8, k16 = r[f"k={d_ff // 8}"], r[f"k={d_ff // 16}"]
-            print(f"| {prec} | {r['dense']:.0f} | {k8:.0f} | {k16:.0f} | {r['dense'] / k8:.2f}× | {r['dense'] / k16:.2f}× |")
+            cells = " | ".join(f"{r[f'k={k}']:.0f}" for k in ks)
+            ups = " | ".join(f"{r['dense'] / r[f'k={k}']:.2f}×" for k in ks)
+            print(f"| {prec} | {r['dense']:.0f} | {cells} | {ups} |")
+        print()
+        n_acc = 40 if q else 200
+        print(f"Held-out exact match, n = {n_acc} per domain (fp32):\n")
+        print("| domain | dense | " + " | ".join(f"k={k}" for k in ks) + " |")
+        print("|---" * (2 + len(ks)) + "|")
+        result["sparse_accuracy"] = {}
+        for dom in tasks.BASE_DOMAINS:
+            accs = {"dense": accuracy(bundle, domain=dom, n=n_acc, device=device)}
+            for k in ks:
+                accs[f"k={k}"] = accuracy(bundle, domain=dom, n=n_acc, device=device, runtime=RuntimeConfig(sparse_ffn_k=k))
+            result["sparse_accuracy"][dom] = accs
+            print(f"| {dom} | {accs['dense']:.1%} | " + " | ".join(f"{accs[f'k={k}']:.1%}" for k in ks) + " |")
+        print()
+
+    if "precision" in sections:
+        print("## INT8 vs fp32 per projection (layer 0; median µs per call by tokens per call)\n")
+        if device == "cpu":
+            t = b.int8_linear_table(bundle, tokens=(1, 8, 32) if q else (1, 2, 4, 8, 16, 32, 64), reps=10 if q else 20, rounds=3 if q else 30)
+            result["int8_linear"] = t
+            toks = sorted(next(iter(t.values())))
+            print("Best round µs fp32 / int8 (speed-up of int8; in brackets the same ratio on median rounds):\n")
+            print("| projection | " + " | ".join(f"{n} tok" for n in toks) + " |")
+            print("|---" * (1 + len(toks)) + "|")
+            for name, row in t.items():
+                cells = (f"{v['fp32_min']:.0f} / {v['int8_min']:.0f} = {v['fp32_min'] / v['int8_min']:.2f}× ({v['fp32_med'] / v['int8_med']:.2f}×)" for v in (row[n] for n in toks))
+                print(f"| {name} | " + " | ".join(cells) + " |")
+            print()
+        r = b.precision_step_table(bundle, device=device, reps=10 if q else 60, rounds=2 if q else 5)
+        result["precision_steps"] = r
+        cols = list(next(iter(r.values())))
+        print("Prefill (24 tokens) and decode step by batch, median µs (int8 = int8 kernels where they are faster, `INT8_MIN_TOKENS`):\n")
+        print("| precision | " + " | ".join(cols) + " |")
+        print("|---" * (1 + len(cols)) + "|")
+        for name, row in r.items():
+            print(f"| {name} | " + " | ".join(f"{row[c]:.0f} ({r['fp32'][c] / row[c]:.2f}×)" for c in cols) + " |")
         print()
 
     if "batching" in sections:
@@ -68,17 +110,31 @@ def main(argv: list[str] | None = None) -> int:
         service_s = base.e2e_p50 / 1000
         slo_ttft, slo_tpot = 10 * base.ttft_p50, 3 * base.tpot_p50
         print(f"## Batching (open-loop Poisson; unloaded e2e p50 {base.e2e_p50:.1f} ms; SLO TTFT ≤ {slo_ttft:.1f} ms, TPOT ≤ {slo_tpot:.1f} ms)\n")
+        summary: list[str] = []
         print("| load | policy | rate/s | goodput/s | TTFT p50 | TTFT p95 | TPOT p50 | e2e p50 | e2e p95 |")
         print("|---|---|---|---|---|---|---|---|---|")
         policies = [BatchingConfig("none", 1, 0)] + [BatchingConfig("fixed", n, 20.0) for n in (2, 4, 8, 16)] + [BatchingConfig("adaptive", 16, 20.0)]
         result["batching"] = []
-        for load, factor in (("low", 0.3), ("high", 4.0)):
+        loads = (("low", 0.3),) if q else (("low", 0.3), ("high", 1.0), ("high", 2.0), ("high", 3.0))
+        for load, factor in loads:
             rate = factor / service_s
+            rows = []
             for pol in policies:
                 r = b.load_test(bundle, device=device, batching=pol, rate=rate, duration_s=2 if q else 6, slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot)
-                result["batching"].append({"load": load, **asdict(r)})
-                print(f"| {load} | {r.policy} | {r.rate:.0f} | {r.goodput:.1f} | {r.ttft_p50:.1f} | {r.ttft_p95:.1f} | {r.tpot_p50:.2f} | {r.e2e_p50:.1f} | {r.e2e_p95:.1f} |")
+                rows.append(r)
+                result["batching"].append({"load": load, "factor": factor, **asdict(r)})
+                print(f"| {load} ({factor:g}×) | {r.policy} | {r.rate:.0f} | {r.goodput:.1f} | {r.ttft_p50:.1f} | {r.ttft_p95:.1f} | {r.tpot_p50:.2f} | {r.e2e_p50:.1f} | {r.e2e_p95:.1f} |")
+            fixed = [r for r in rows if r.policy.startswith("fixed")]
+            adaptive = next(r for r in rows if r.policy == "adaptive")
+            best = max(fixed, key=lambda r: r.goodput)
+            best_p95 = min([r for r in rows if r.policy != "adaptive"], key=lambda r: r.e2e_p95)
+            summary.append(
+                f"- {load} load ({factor:g}× the batch-1 service rate, {rate:.0f}/s): adaptive goodput {adaptive.goodput:.1f}/s vs best fixed "
+                f"({best.policy}) {best.goodput:.1f}/s = {adaptive.goodput / max(best.goodput, 1e-9):.2f}×; e2e p95 adaptive {adaptive.e2e_p95:.1f} ms vs "
+                f"best other ({best_p95.policy}) {best_p95.e2e_p95:.1f} ms"
+            )
         print()
+        print("\n".join(summary) + "\n")
 
     if "lora" in sections:
         t = b.lora_table(bundle, device=device, n=40 if q else 200)
@@ -91,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         print()
 
     result["wall_s"] = time.perf_counter() - t_all
+    result["loadavg_end"] = os.getloadavg()
+    print("load average at end (1/5/15 min): " + " / ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"_total {result['wall_s']:.0f} s_")
     if args.json:
         with open(args.json, "w") as f:

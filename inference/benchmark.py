@@ -195,3 +195,74 @@ def format_strategy_table(stats: dict[str, RowStats]) -> str:
 def run_threads(n: int) -> None:
     torch.set_num_threads(n)
     threading.current_thread().name = "bench"
+
+
+def _median_us(fn, *, reps: int, rounds: int) -> float:
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        times.append((time.perf_counter() - t0) / reps * 1e6)
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def int8_linear_table(bundle: Bundle, *, tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), reps: int = 20, rounds: int = 30) -> dict[str, dict[int, dict[str, float]]]:
+    """Per projection of layer 0 and tokens per call: fp32 vs dynamic int8 µs per call.
+
+    fp32 and int8 alternate round by round; both the best round (the uncontended cost)
+    and the median round (what a shared machine gives) are kept."""
+    from ablab.inference.runtime.executor import quantize_int8
+
+    fp = bundle.model
+    q = quantize_int8(fp)
+    out: dict[str, dict[int, dict[str, float]]] = {}
+    for name in ("qkv", "out", "up", "down"):
+        lin_fp, lin_q = getattr(fp.blocks[0], name), getattr(q.blocks[0], name)
+        out[name] = {}
+        for n in tokens:
+            x = torch.randn(n, 1, lin_fp.in_features)
+            a: list[float] = []
+            c: list[float] = []
+            for _ in range(rounds):
+                a.append(_median_us(lambda: lin_fp(x), reps=reps, rounds=1))
+                c.append(_median_us(lambda: lin_q(x), reps=reps, rounds=1))
+            out[name][n] = {"fp32_min": min(a), "int8_min": min(c), "fp32_med": statistics.median(a), "int8_med": statistics.median(c)}
+    return out
+
+
+def precision_step_table(bundle: Bundle, *, device: str, batches: tuple[int, ...] = (1, 8, 16), prompt: int = 24, reps: int = 50, rounds: int = 5) -> dict[str, dict[str, float]]:
+    """Median µs of a prefill (`prompt` tokens) and of a decode step at each batch size, per
+    precision: fp32, bf16, int8 (size-aware kernel choice) and int8 everywhere."""
+    variants: dict[str, Executor] = {
+        "fp32": Executor(bundle.model, runtime=RuntimeConfig("fp32"), device=device),
+        "bf16": Executor(bundle.model, runtime=RuntimeConfig("bf16"), device=device),
+    }
+    if device == "cpu":
+        variants["int8"] = Executor(bundle.model, runtime=RuntimeConfig("int8"), device=device)
+        everywhere = Executor(bundle.model, runtime=RuntimeConfig("int8"), device=device)
+        everywhere.int8_min_tokens = {k: 1 for k in everywhere.int8_min_tokens}
+        variants["int8 everywhere"] = everywhere
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    ids = list(range(3, 3 + prompt))
+    out: dict[str, dict[str, list[float]]] = {n: {} for n in variants}
+    for _ in range(rounds):
+        for name, ex in variants.items():
+            pool = ex.new_pool(max(batches))
+            for s in range(max(batches)):
+                ex.prefill(ids, pool=pool, slot=s)
+
+            def pre():
+                ex.prefill(ids, pool=pool, slot=0)
+                sync()
+
+            out[name].setdefault("prefill", []).append(_median_us(pre, reps=reps // 5 or 1, rounds=1))
+            for b in batches:
+                def dec(b=b):
+                    ex.decode([5] * b, pool=pool, slots=list(range(b)), lengths=[prompt] * b, adapters=[0] * b)
+                    sync()
+
+                dec()
+                out[name].setdefault(f"decode b={b}", []).append(_median_us(dec, reps=reps, rounds=1))
+    return {n: {k: statistics.median(v) for k, v in cols.items()} for n, cols in out.items()}

@@ -120,8 +120,11 @@ class Engine:
                 elif decision.wake_at is not None:
                     time.sleep(max(0.0, min(decision.wake_at - now, 0.01)))
                 return
-        for req in admitted:
-            self._prefill(req)
+        if len(admitted) > 1:
+            self._prefill_batch(admitted)
+        else:
+            for req in admitted:
+                self._prefill(req)
         if self.running:
             self._decode()
 
@@ -136,7 +139,8 @@ class Engine:
     def _prefill(self, req: GenRequest) -> None:
         t0 = time.perf_counter()
         try:
-            req.slot = self.pool.acquire()
+            if req.slot < 0:
+                req.slot = self.pool.acquire()
             logits = self.executor.prefill(req.prompt_ids, pool=self.pool, slot=req.slot, adapter=req.adapter)
         except Exception as exc:  # a bad request fails alone, the engine keeps serving
             self._finish(req, error=f"{type(exc).__name__}: {exc}")
@@ -148,6 +152,30 @@ class Engine:
         self._append(req, tok, lp, t1)
         if not req.done.is_set():
             self.running.append(req)
+
+    def _prefill_batch(self, reqs: list[GenRequest]) -> None:
+        """Requests admitted together share one padded prefill (batch-1 kernels are
+        overhead-bound, so m prompts in one call cost far less than m calls)."""
+        for req in reqs:
+            req.slot = self.pool.acquire()
+        t0 = time.perf_counter()
+        try:
+            logits = self.executor.prefill_batch([r.prompt_ids for r in reqs], pool=self.pool, slots=[r.slot for r in reqs], adapters=[r.adapter for r in reqs])
+        except Exception:  # fall back to one at a time, so a bad request fails alone
+            for req in reqs:
+                self.pool.release(req.slot)
+                req.slot = -1
+                self._prefill(req)
+            return
+        toks, lps = _pick(logits)
+        t1 = time.perf_counter()
+        total = sum(len(r.prompt_ids) for r in reqs)
+        for req, tok, lp in zip(reqs, toks, lps):
+            req.device_s += (t1 - t0) * len(req.prompt_ids) / total  # by prompt tokens
+            req.length = len(req.prompt_ids)
+            self._append(req, tok, lp, t1)
+            if not req.done.is_set():
+                self.running.append(req)
 
     def _append(self, req: GenRequest, tok: int, lp: float, now: float) -> None:
         if req.first_token_at is None:

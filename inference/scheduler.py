@@ -9,7 +9,9 @@ update split), so it is unit-tested with a fake clock.
 - ``adaptive``: continuous batching of decode steps (a newcomer joins the running batch
   at the next step, up to ``max_batch``), with the target batch size and the wait window
   set from the live arrival rate: at low load it never waits, at high load it waits at
-  most long enough to gather the batch the arrival rate predicts.
+  most long enough to gather the batch the arrival rate predicts, and never longer than
+  two decode steps (a newcomer can join the running batch anyway; waiting only buys a
+  shared prefill, so it must cost less than the steps it saves).
 """
 
 from __future__ import annotations
@@ -91,7 +93,7 @@ class Scheduler:
             if n >= target or target == 1:
                 return Decision(min(n, room), None)
             # wait only as long as the arrival rate says the rest of the batch takes
-            wait = min(window, (target - n) / max(self.rate.rate, 1e-9))
+            wait = min(window, (target - n) / max(self.rate.rate, 1e-9), 2 * self.step_time_s)
             deadline = waiting_since[0] + wait
             if now >= deadline:
                 return Decision(min(n, room), None)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from ablab.inference.model.transformer import TinyLM
 from ablab.inference.runtime.attention import sharded_attention
 from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
+from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER
 from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor, sparse_ffn
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
@@ -75,10 +76,16 @@ class Executor:
         self.device = torch.device(device)
         self.dtype = DTYPES[runtime.precision]
         fp = copy.deepcopy(model).to(self.device).eval()
+        # int8: the fp32 model plus int8 copies of every projection; each call takes the
+        # kernel that is faster for its size (runtime/precision.py)
+        self._int8: dict[tuple[int, str], nn.Module] = {}
+        self.int8_min_tokens = dict(INT8_MIN_TOKENS)
         if runtime.precision == "int8":
             if self.device.type != "cpu":
                 raise ValueError("precision: int8 dynamic quantization runs on CPU only")
-            self.model = quantize_int8(fp)
+            q = quantize_int8(fp)
+            self._int8 = {(j, name): getattr(blk, name) for j, blk in enumerate(q.blocks) for name in ("qkv", "out", "up", "down")}
+            self.model = fp
         else:
             self.model = fp.to(self.dtype)
         self.tables: list[FFNTables] = []
@@ -86,8 +93,9 @@ class Executor:
         if runtime.sparse_ffn_k is not None:
             if predictors is None:
                 raise ValueError("sparse_ffn_k: needs the shipped neuron predictor")
+            int8_rows = runtime.precision == "int8" and INT8_SPARSE_GATHER
             for blk in fp.blocks:
-                self.tables.append(FFNTables.from_linear(blk.up, blk.down, dtype=self.dtype, int8=runtime.precision == "int8"))
+                self.tables.append(FFNTables.from_linear(blk.up, blk.down, dtype=self.dtype, int8=int8_rows))
             self.predictors = [Predictor(p.p1.to(self.device, self.dtype), p.p2.to(self.device, self.dtype)) for p in predictors]
         self.bank = AdapterBank(adapters or {}, n_layers=cfg.n_layers, d_model=cfg.d_model, d_ff=cfg.d_ff, dtype=self.dtype)
         for layer in self.bank.layers:
@@ -120,6 +128,31 @@ class Executor:
         return self._logits(x[:, -1])[0]
 
     @torch.inference_mode()
+    def prefill_batch(self, prompts: list[list[int]], *, pool: KVPool, slots: list[int], adapters: list[int]) -> torch.Tensor:
+        """Several prompts in one right-padded forward; next-token logits [m, V] (float32).
+
+        Causal attention means a padded tail never reaches a row's real positions, and the
+        cache slots past a row's length are masked off by decode, so this equals m prefills.
+        """
+        lengths = [len(p) for p in prompts]
+        t = max(lengths)
+        if t >= self.cfg.max_len:
+            raise ValueError(f"prompt: {t} tokens leave no room to generate (max_len {self.cfg.max_len})")
+        m = len(prompts)
+        tok = torch.zeros(m, t, dtype=torch.long)
+        for i, p in enumerate(prompts):
+            tok[i, : len(p)] = torch.tensor(p)
+        tok = tok.to(self.device)
+        x = self._tok_emb[tok] + self._pos_emb[:t]
+        causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()[None, None]
+        rows = torch.tensor(adapters, device=self.device)
+        slot_index = torch.tensor(slots, device=self.device)
+        for j in range(self.cfg.n_layers):
+            x = self._layer(j, x, pool=pool, slots=slot_index, write_pos=None, tk=t, mask=causal, rows=rows)
+        last = torch.tensor([n - 1 for n in lengths], device=self.device)
+        return self._logits(x[torch.arange(m, device=self.device), last])
+
+    @torch.inference_mode()
     def decode(self, tokens: list[int], *, pool: KVPool, slots: list[int], lengths: list[int], adapters: list[int]) -> torch.Tensor:
         """One decode step for b sequences: token i goes at position lengths[i]. Logits [b, V]."""
         b = len(tokens)
@@ -143,13 +176,19 @@ class Executor:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self.model.ln_f(h), self._tok_emb).float()
 
+    def _lin(self, j: int, name: str, x: torch.Tensor) -> torch.Tensor:
+        q = self._int8.get((j, name))
+        if q is not None and x.shape[0] * x.shape[1] >= self.int8_min_tokens[name]:
+            return q(x)
+        return getattr(self.model.blocks[j], name)(x)
+
     def _layer(self, j: int, x: torch.Tensor, *, pool: KVPool, slots, write_pos, tk: int, mask, rows) -> torch.Tensor:
         blk = self.model.blocks[j]
         c = self.cfg
         lora: LoRAWeights | None = self.bank.weights(j, rows)
         b, t, d = x.shape
         h = blk.ln1(x)
-        qkv = blk.qkv(h)
+        qkv = self._lin(j, "qkv", h)
         if lora is not None:
             qkv = qkv + lora.delta("qkv", h)
         q, k, v = qkv.view(b, t, 3, c.n_heads, c.head_dim).permute(2, 0, 3, 1, 4)
@@ -160,8 +199,12 @@ class Executor:
             k_cache, v_cache = pool.k[j], pool.v[j]
             rows_b = slots
         if write_pos is None:  # prefill: positions 0..t-1
-            k_cache[:, :, :t] = k
-            v_cache[:, :, :t] = v
+            if isinstance(slots, slice):
+                k_cache[:, :, :t] = k
+                v_cache[:, :, :t] = v
+            else:
+                k_cache[slots, :, :t] = k
+                v_cache[slots, :, :t] = v
             keys, values = k, v
         else:
             k_cache[rows_b, :, write_pos] = k[:, :, 0]
@@ -172,17 +215,21 @@ class Executor:
                 keys, values = k_cache[slots, :, :tk], v_cache[slots, :, :tk]
         att = sharded_attention(q, keys, values, mask=mask, n_shards=self.runtime.kv_shards)
         att = att.transpose(1, 2).reshape(b, t, d)
-        x = x + blk.out(att)
+        x = x + self._lin(j, "out", att)
         if lora is not None:
             x = x + lora.delta("out", att)
         h = blk.ln2(x)
         if self.runtime.sparse_ffn_k is not None:
-            return x + sparse_ffn(h, tables=self.tables[j], predictor=self.predictors[j], k=self.runtime.sparse_ffn_k, lora=lora)
-        pre = blk.up(h)
+            ffn = sparse_ffn(
+                h, tables=self.tables[j], predictor=self.predictors[j], k=self.runtime.sparse_ffn_k, lora=lora,
+                up=lambda v: self._lin(j, "up", v), down=lambda v: self._lin(j, "down", v),
+            )
+            return x + ffn
+        pre = self._lin(j, "up", h)
         if lora is not None:
             pre = pre + lora.delta("up", h)
         act = F.relu(pre)
-        out = blk.down(act)
+        out = self._lin(j, "down", act)
         if lora is not None:
             out = out + lora.delta("down", act)
         return x + out

@@ -12,6 +12,7 @@ function, so prefill and decode agree.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,8 @@ class Predictor:
     p2: torch.Tensor  # [r, d_ff]
 
     def scores(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2:  # one fused kernel for the bias instead of a separate add
+            return torch.addmm(bias, torch.mm(x, self.p1), self.p2)
         return torch.matmul(torch.matmul(x, self.p1), self.p2) + bias
 
     def to(self, dtype: torch.dtype) -> "Predictor":
@@ -52,13 +55,18 @@ class FFNTables:
     down_b: torch.Tensor  # [d]
     up_scale: torch.Tensor | None = None
     down_scale: torch.Tensor | None = None
+    # float tables also keep one packed row per neuron [up row | up bias | down row], so a
+    # decode step gathers once and runs two matrix-vector kernels: at batch 1 the step is
+    # bound by kernel count, not by FLOPs
+    packed: torch.Tensor | None = None
 
     @classmethod
     def from_linear(cls, up: torch.nn.Linear, down: torch.nn.Linear, *, dtype: torch.dtype, int8: bool) -> "FFNTables":
         up_w = up.weight.detach().float()
         down_wt = down.weight.detach().float().T.contiguous()
         if not int8:
-            return cls(up_w.to(dtype), up.bias.detach().to(dtype), down_wt.to(dtype), down.bias.detach().to(dtype))
+            packed = torch.cat([up_w, up.bias.detach().float()[:, None], down_wt], dim=1).to(dtype).contiguous()
+            return cls(up_w.to(dtype), up.bias.detach().to(dtype), down_wt.to(dtype), down.bias.detach().to(dtype), packed=packed)
         up_q, up_s = _quantize_rows(up_w)
         down_q, down_s = _quantize_rows(down_wt)
         return cls(up_q, up.bias.detach().float(), down_q, down.bias.detach().float(), up_s, down_s)
@@ -91,12 +99,19 @@ def sparse_ffn(
     predictor: Predictor,
     k: int,
     lora: LoRAWeights | None = None,
+    up: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    down: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """x: [B, T, d] → [B, T, d] using only k neurons per token."""
+    """x: [B, T, d] → [B, T, d] using only k neurons per token.
+
+    `up`/`down` are the dense projections (with bias) the many-token path may use instead
+    of the tables (the executor passes its fp32 or int8 kernels)."""
     b, t, d = x.shape
     idx = select_neurons(x.reshape(b * t, d), predictor, tables.up_b, k)  # [N, k]
+    if lora is None and tables.packed is not None and b * t <= GATHER_MAX_TOKENS:
+        return _gathered_packed(x, tables=tables, idx=idx)
     if b * t > GATHER_MAX_TOKENS:
-        return _masked_dense(x, tables=tables, idx=idx, lora=lora)
+        return _masked_dense(x, tables=tables, idx=idx, lora=lora, up=up, down=down)
     flat = x.reshape(b * t, d)
     w_up = tables.rows("up", idx).to(flat.dtype)  # [N, k, d]
     pre = torch.matmul(w_up, flat.unsqueeze(-1)).squeeze(-1) + tables.up_b.index_select(0, idx.reshape(-1)).view(idx.shape)
@@ -120,8 +135,29 @@ def sparse_ffn(
     return y.reshape(b, t, d)
 
 
-def _masked_dense(x: torch.Tensor, *, tables: FFNTables, idx: torch.Tensor, lora: LoRAWeights | None) -> torch.Tensor:
+def _gathered_packed(x: torch.Tensor, *, tables: FFNTables, idx: torch.Tensor) -> torch.Tensor:
+    """The no-adapter decode path: one gather of packed rows, then fused multiply-adds."""
     b, t, d = x.shape
+    packed = tables.packed
+    if b * t == 1:
+        rows = packed.index_select(0, idx[0])  # [k, 2d+1]
+        h = torch.addmv(rows[:, d], rows[:, :d], x.reshape(d)).relu_()
+        return torch.addmv(tables.down_b, rows[:, d + 1 :].t(), h).view(b, t, d)
+    n, k = idx.shape
+    rows = packed.index_select(0, idx.reshape(-1)).view(n, k, 2 * d + 1)
+    pre = torch.baddbmm(rows[:, :, d : d + 1], rows[:, :, :d], x.reshape(n, d, 1))  # [N, k, 1]
+    y = torch.bmm(pre.relu_().transpose(1, 2), rows[:, :, d + 1 :]).view(n, d) + tables.down_b
+    return y.view(b, t, d)
+
+
+def _masked_dense(x: torch.Tensor, *, tables: FFNTables, idx: torch.Tensor, lora: LoRAWeights | None, up=None, down=None) -> torch.Tensor:
+    b, t, d = x.shape
+    d_ff = tables.up_b.shape[0]
+    if up is not None and down is not None:
+        pre = up(x) + (lora.delta("up", x) if lora is not None else 0)
+        keep = torch.zeros(b * t, d_ff, dtype=torch.bool, device=x.device).scatter_(1, idx, True).reshape(b, t, -1)
+        h = F.relu(pre) * keep
+        return down(h) + (lora.delta("down", h) if lora is not None else 0)
     up_w = tables.rows("up", torch.arange(tables.up_w.shape[0])).to(x.dtype)
     pre = torch.matmul(x, up_w.T) + tables.up_b
     if lora is not None:

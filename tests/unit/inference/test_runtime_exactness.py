@@ -124,3 +124,22 @@ def test_lower_precisions_stay_close_to_fp32(tiny_bundle, precision):
     low = _prefill_logits(tiny_bundle, RuntimeConfig(precision=precision), PROMPTS[1])
     diff = (ref - low).abs().max().item()
     assert 0.0 < diff < 0.1 * ref.abs().max().item()
+
+
+@pytest.mark.parametrize("runtime", [RuntimeConfig(), RuntimeConfig(sparse_ffn_k=64), RuntimeConfig(kv_shards=2)])
+def test_padded_batch_prefill_equals_one_prefill_per_prompt(tiny_bundle, runtime):
+    """Prompts of different lengths and adapters in one right-padded prefill: same logits
+    and the same cache contents over each prompt's own positions."""
+    ex = Executor(tiny_bundle.model, runtime=runtime, predictors=tiny_bundle.predictors, adapters=tiny_bundle.adapters)
+    tok = tiny_bundle.tokenizer
+    prompts = [tok.encode(p) for p in PROMPTS[:4]]
+    rows = [ex.adapter_row(a) for a in (None, "ledger", "mirror", None)]
+    single = ex.new_pool(8)
+    ref = torch.stack([ex.prefill(p, pool=single, slot=i, adapter=r) for i, (p, r) in zip(range(4), zip(prompts, rows))])
+    batched = ex.new_pool(8)
+    slots = [5, 1, 6, 2]  # non-contiguous slots
+    got = ex.prefill_batch(prompts, pool=batched, slots=slots, adapters=rows)
+    assert (got - ref).abs().max().item() <= 1e-4
+    for i, (p, s) in enumerate(zip(prompts, slots)):
+        for layer in range(ex.cfg.n_layers):
+            assert (batched.k[layer][s, :, : len(p)] - single.k[layer][i, :, : len(p)]).abs().max().item() <= 1e-5

@@ -30,7 +30,7 @@ def test_adaptive_waits_briefly_at_high_load_and_joins_running_batches():
         s.on_arrival(i * 0.0025)
     assert s.target_batch() > 2
     d = s.schedule(waiting_since=[0.5], running=0, now=0.5)
-    assert d.admit == 0 and 0.5 < d.wake_at <= 0.55
+    assert d.admit == 0 and 0.5 < d.wake_at <= 0.5 + 2 * 0.005  # at most two decode steps
     assert s.schedule(waiting_since=[0.5, 0.501], running=3, now=0.501).admit == 2  # continuous batching
     assert s.schedule(waiting_since=[0.5] * 9, running=8, now=0.6).admit == 0  # full
 

@@ -28,15 +28,16 @@ def stats_spec(exp: ExperimentRead) -> ExperimentSpec:
 
 
 def results(client: Any, exp: ExperimentRead) -> dict[str, Any]:
-    from ablab.platform.stats.store_query import results_from_store
+    """From the per-unit rollup (raw scan only for request-randomized experiments)."""
+    from ablab.platform.stats.store_query import results as from_store
 
-    return results_from_store(client, stats_spec(exp))
+    return from_store(client, stats_spec(exp))
 
 
 def attribution(client: Any, exp: ExperimentRead) -> dict[str, Any]:
-    from ablab.platform.stats.store_query import attribution_from_store
+    from ablab.platform.stats.store_query import attribution as from_store
 
-    return attribution_from_store(client, stats_spec(exp))
+    return from_store(client, stats_spec(exp))
 
 
 def timeseries(client: Any, exp: ExperimentRead, *, metric: str) -> dict[str, Any]:

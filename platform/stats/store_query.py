@@ -159,60 +159,62 @@ def attribution_from_store(client: "Client", spec: ExperimentSpec, *, final: boo
     return attribute(spec=spec, stats=stats)
 
 
-# A per-unit rollup the loader could maintain (one row per inference event and per label,
-# summed by the engine): results then read ~units rows instead of every raw event.
-# Proposed DDL for a migration; the engine side below is ready for it.
-ROLLUP_DDL = (
-    """CREATE TABLE IF NOT EXISTS unit_stats (
-        experiment LowCardinality(String), variant LowCardinality(String), unit_id String,
-        requests Float64, errors Float64,
-        e2e_ms_sum Float64, e2e_ms_n Float64, e2e_ms_sq Float64,
-        ttft_ms_sum Float64, ttft_ms_n Float64, ttft_ms_sq Float64,
-        tpot_ms_sum Float64, tpot_ms_n Float64, cost_usd_sum Float64,
-        labeled Float64, correct Float64, labeled_cost_usd_sum Float64, good Float64
-    ) ENGINE = SummingMergeTree ORDER BY (experiment, variant, unit_id)""",
-    """CREATE TABLE IF NOT EXISTS latency_hist (
-        experiment LowCardinality(String), variant LowCardinality(String),
-        metric LowCardinality(String), bucket Int64, n Float64
-    ) ENGINE = SummingMergeTree ORDER BY (experiment, variant, metric, bucket)""",
-)
-_ROLLUP_SUMS = (
-    "requests", "errors", "e2e_ms_sum", "e2e_ms_n", "e2e_ms_sq", "ttft_ms_sum", "ttft_ms_n", "ttft_ms_sq",
-    "tpot_ms_sum", "tpot_ms_n", "cost_usd_sum", "labeled", "correct", "labeled_cost_usd_sum", "good",
-)
+# --- the per-unit rollup (migration 0006, fed by the loader; see ablab.streaming.store.rollup) ---
 
 
-def variant_stats_from_rollup(client: "Client", spec: ExperimentSpec) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
-    """Per-variant statistics from the ``unit_stats``/``latency_hist`` rollups (unmerged parts summed here)."""
-    sums = ", ".join(f"sum({c}) AS {c}" for c in _ROLLUP_SUMS)
+def rollup_applies(spec: ExperimentSpec) -> bool:
+    """The rollup holds one row per randomization unit; a request-randomized experiment
+    analyses each request as its unit, which the per-unit sums cannot give: raw scan."""
+    return not spec.request_randomized
+
+
+def variant_stats_from_rollup(
+    client: "Client", spec: ExperimentSpec, *, refresh: bool = True
+) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
+    """Per-variant statistics from ``unit_stats`` (about one row per unit).
+
+    ``refresh`` first repairs what the loader could not know: units computed under other
+    SLOs than ``spec.slos``, units loaded without a recompute (see ``rollup.ensure_fresh``).
+    """
+    from ablab.streaming.store.rollup import ROLLUP_SUMS, ensure_fresh
+
+    if not rollup_applies(spec):
+        raise ValueError(f"experiment {spec.key!r} is request-randomized; the per-unit rollup does not apply")
+    if refresh:
+        ensure_fresh(client, spec.key, spec.slos)
+    p = {"experiment": spec.key}
     units = _columns(
         client,
-        f"SELECT toString(variant) AS variant, unit_id, {sums} FROM unit_stats "
-        "WHERE experiment = {experiment:String} GROUP BY variant, unit_id",
-        {"experiment": spec.key},
+        f"SELECT toString(variant) AS variant, unit_id, {', '.join(ROLLUP_SUMS)} FROM unit_stats FINAL "
+        "WHERE experiment = {experiment:String} AND requests > 0",
+        p,
     )
-    h = _columns(
-        client,
-        "SELECT toString(variant) AS variant, toString(metric) AS metric, bucket, sum(n) AS n FROM latency_hist "
-        "WHERE experiment = {experiment:String} GROUP BY variant, metric, bucket",
-        {"experiment": spec.key},
-    )
+    per_variant = client.query(
+        "SELECT toString(variant), (sumMap(e2e_buckets, e2e_counts) AS he).1, he.2, "
+        "(sumMap(ttft_buckets, ttft_counts) AS ht).1, ht.2 "
+        "FROM unit_stats FINAL WHERE experiment = {experiment:String} AND requests > 0 GROUP BY variant",
+        parameters=p,
+    ).result_rows
     histograms: dict[str, dict[str, HistogramStats]] = {}
-    for variant, latency in {(str(v), str(m)) for v, m in zip(h["variant"], h["metric"])}:
-        mask = (h["variant"] == variant) & (h["metric"] == latency)
-        histograms.setdefault(variant, {})[latency] = HistogramStats.from_buckets(h["bucket"][mask], h["n"][mask])
-    exp = _columns(client, _exposures_sql(False), {"experiment": spec.key})
+    span = 0.0
+    starts_ends = client.query(  # the experiment's span, for goodput per second
+        "SELECT toFloat64(dateDiff('millisecond', min(min_ts), max(max_ts))) / 1000 FROM unit_stats FINAL "
+        "WHERE experiment = {experiment:String} AND requests > 0",
+        parameters=p,
+    ).result_rows
+    if starts_ends and starts_ends[0][0] is not None:
+        span = float(starts_ends[0][0])
+    for variant, e2e_b, e2e_c, ttft_b, ttft_c in per_variant:
+        histograms[str(variant)] = {
+            "e2e_ms": HistogramStats.from_buckets(np.asarray(e2e_b), np.asarray(e2e_c)),
+            "ttft_ms": HistogramStats.from_buckets(np.asarray(ttft_b), np.asarray(ttft_c)),
+        }
+    exp = _columns(client, _exposures_sql(False), p)
     exposures = None
-    if exp["variant"].size and not spec.request_randomized:
+    if exp["variant"].size:
         got = dict(zip(map(str, exp["variant"]), exp["units"].tolist()))
         exposures = {v.key: float(got.get(v.key, 0)) for v in spec.variants}
-    span = _columns(
-        client,
-        "SELECT toFloat64(dateDiff('millisecond', min(ts), max(ts))) / 1000 AS span_s FROM raw_events "
-        "WHERE type = 'inference' AND experiment = {experiment:String}",
-        {"experiment": spec.key},
-    )["span_s"]
-    durations = {v.key: float(span[0]) for v in spec.variants} if span.size and span[0] > 0 else None
+    durations = {v.key: span for v in spec.variants} if span > 0 else None
     return variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped), exposures
 
 
@@ -221,19 +223,22 @@ def results_from_rollup(client: "Client", spec: ExperimentSpec) -> dict[str, Any
     return analyze(spec=spec, stats=stats, exposures=exposures)
 
 
-def fill_rollup_from_raw(client: "Client", spec: ExperimentSpec) -> None:
-    """Build the rollups for one experiment from raw events (a backfill; the loader would add incrementally)."""
-    sql, params = results_sql(spec, final=True, billing=True)
-    select = ", ".join(f"toFloat64({c})" for c in _ROLLUP_SUMS)
-    client.command(
-        f"INSERT INTO unit_stats SELECT {{experiment:String}}, variant, toString(unit_id), {select} "
-        f"FROM ({sql}) WHERE grouping_set = {_SET_UNITS}{_SETTINGS}",
-        parameters=params,
-    )
-    for latency, code in _SET_HIST.items():
-        col = "hb_e2e" if latency == "e2e_ms" else "hb_ttft"
-        client.command(
-            f"INSERT INTO latency_hist SELECT {{experiment:String}}, variant, '{latency}', {col}, {latency}_n "
-            f"FROM ({sql}) WHERE grouping_set = {code}{_SETTINGS}",
-            parameters=params,
-        )
+def variant_stats(client: "Client", spec: ExperimentSpec) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
+    """The fastest exact source: the rollup for unit-randomized experiments, else the raw scan."""
+    if rollup_applies(spec):
+        return variant_stats_from_rollup(client, spec)
+    return variant_stats_from_store(client, spec)
+
+
+def results(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+    """``GET /v1/experiments/{key}/results`` from the store (rollup where it applies)."""
+    stats, exposures = variant_stats(client, spec)
+    return analyze(spec=spec, stats=stats, exposures=exposures)
+
+
+def attribution(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+    """``GET /v1/experiments/{key}/attribution`` from the store (rollup where it applies)."""
+    from .attribution import attribute
+
+    stats, _ = variant_stats(client, spec)
+    return attribute(spec=spec, stats=stats)

@@ -6,7 +6,9 @@ batches the rows per table, inserts them, and only then commits the consumer off
 A crash between insert and commit redelivers the batch; the tables are
 ReplacingMergeTrees keyed by ``event_id`` / the window key, so the second copy replaces
 the first and queries (``FINAL``) count it once: at-least-once delivery, exactly-once
-effect.
+effect. Before the commit it also feeds the per-unit rollup (``unit_stats``) by
+recomputing the units the batch touched (:mod:`ablab.streaming.store.rollup`), so a
+replay rewrites the same values there too.
 
 Refused records (malformed JSON, wrong types, unknown experiment, oversized) are written to
 the dead-letter topic with their reason, stored in ``dead_letters`` and counted in
@@ -47,6 +49,7 @@ class LoaderStats:
     loaded: Counter[str] = field(default_factory=Counter)
     dead_lettered: Counter[str] = field(default_factory=Counter)
     last_flush_at: float | None = None
+    rollup_units: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -55,6 +58,7 @@ class LoaderStats:
             "loaded": dict(self.loaded),
             "dead_lettered": dict(self.dead_lettered),
             "dead_lettered_total": sum(self.dead_lettered.values()),
+            "rollup_units": self.rollup_units,
         }
 
 
@@ -83,6 +87,7 @@ class Loader:
         batch_max_s: float = 0.5,
         known_experiments: Callable[[], Collection[str]] | None = None,
         known_experiments_refresh_s: float = 10.0,
+        rollup: bool = True,
     ) -> None:
         self.client = client
         self.bootstrap = bootstrap
@@ -93,6 +98,7 @@ class Loader:
         self.batch_max_records = batch_max_records
         self.batch_max_s = batch_max_s
         self.stats = LoaderStats()
+        self.rollup = rollup
         self._known_experiments = known_experiments
         self._known_refresh_s = known_experiments_refresh_s
         self._known: Collection[str] | None = None
@@ -182,10 +188,17 @@ class Loader:
         """Insert the pending rows, dead-letter the refused ones, then commit offsets."""
         if not self._pending_count and not self._dead:
             return
-        for table, rows in self._pending.items():
-            if rows:
-                self.client.insert(table, rows, column_names=list(TABLE_COLUMNS[table]))
-                self.stats.loaded[table] += len(rows)
+        from ablab.streaming.store import rollup
+
+        with rollup.batch_lock:  # a results read in this process sees whole batches only
+            for table, rows in self._pending.items():
+                if rows:
+                    self.client.insert(table, rows, column_names=list(TABLE_COLUMNS[table]))
+                    self.stats.loaded[table] += len(rows)
+            if self.rollup and self._pending.get("raw_events"):
+                # after the raw insert, before the commit: a replay recomputes the same unit rows
+                recomputed = rollup.feed(self.client, self._pending["raw_events"])
+                self.stats.rollup_units += sum(recomputed.values())
         if self._dead:
             self._write_dead_letters(self._dead)
         self._commit()

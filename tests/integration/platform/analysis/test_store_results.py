@@ -1,5 +1,5 @@
 """Results from the real ClickHouse engine (chDB), by the raw scan and by the per-unit
-rollup, equal the offline analysis of the same events.
+rollup (its units computed on the first read), equal the offline analysis of the same events.
 
 chDB allows one data directory per process, so the store side runs in a child process.
 """
@@ -23,7 +23,8 @@ CHILD = textwrap.dedent("""
     import pandas as pd
     from ablab.streaming.store import apply_ddl, make_client
     from ablab.platform.stats.spec import parse_spec
-    from ablab.platform.stats.store_query import ROLLUP_DDL, fill_rollup_from_raw, results_from_rollup, results_from_store
+    from ablab.platform.stats.store_query import results_from_rollup, results_from_store
+    from ablab.streaming.store.rollup import backfill_from_raw
 
     store, events_path, spec_path = sys.argv[1:4]
     client = make_client(f"chdb:///{store}")
@@ -43,9 +44,7 @@ CHILD = textwrap.dedent("""
     ev["correct"] = ev["correct"].astype("UInt8")
     client.insert_df("raw_events", ev[cols])
     spec = parse_spec(json.load(open(spec_path)))
-    for ddl in ROLLUP_DDL:
-        client.command(ddl)
-    fill_rollup_from_raw(client, spec)
+    backfill_from_raw(client)  # the lookup tables, as migration 0006 does for a store filled before it
     print(json.dumps({"raw": results_from_store(client, spec), "rollup": results_from_rollup(client, spec)}))
 """)
 

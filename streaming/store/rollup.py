@@ -1,0 +1,317 @@
+"""The per-unit rollup (``unit_stats``, migration 0006): fed by the loader, read by results.
+
+Idempotence comes from recomputation, not accumulation. For each batch the loader:
+
+1. inserts the batch's inference events into ``unit_events`` (ordered by experiment, unit)
+   and its inference pointers, labels and billing records into ``trace_facts`` (ordered by
+   trace) — both ReplacingMergeTrees on ``event_id``, so a replayed batch collapses;
+2. finds the units the batch touched: the inference events' units, plus, for labels and
+   billing records, the unit of their trace (looked up by ``trace_id`` in ``trace_facts``;
+   a label that arrives before its inference event is picked up when that event arrives);
+3. recomputes those units' ``unit_stats`` rows from the two tables read with ``FINAL`` and
+   inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
+
+Only after that does it commit the Kafka offsets. A crash at any point replays the batch,
+which rewrites the same rows and the same unit values: nothing is added to a running
+total, so nothing is double-counted or lost.
+
+``good`` (goodput) depends on the experiment's SLOs, which live in the registry. The results
+reader writes them to ``rollup_slos``; every recompute uses them and stamps ``slo_key``; the
+reader recomputes the units whose ``slo_key`` is stale. All values are bound parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ablab.platform.stats.sufficient import histogram_bucket_sql
+from ablab.streaming.loader.rows import RAW_COLUMNS
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+SLO_COLUMNS = ("e2e_ms", "ttft_ms", "tpot_ms")
+UNIT_EVENT_COLUMNS = (
+    "experiment", "unit_id", "event_id", "trace_id", "variant", "ts", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "is_error",
+)
+TRACE_FACT_COLUMNS = ("trace_id", "type", "event_id", "ts", "experiment", "unit_id", "correct", "cost_usd")
+ROLLUP_SUMS = (
+    "requests", "errors", "e2e_ms_sum", "e2e_ms_n", "e2e_ms_sq", "ttft_ms_sum", "ttft_ms_n", "ttft_ms_sq",
+    "tpot_ms_sum", "tpot_ms_n", "cost_usd_sum", "labeled", "correct", "labeled_cost_usd_sum", "good",
+)
+_I = {name: i for i, name in enumerate(RAW_COLUMNS)}
+# Chunk the unit list of one recompute so its IN-list and join stay small.
+_UNITS_PER_RECOMPUTE = 5_000
+
+
+def slo_key(slos: Mapping[str, float]) -> str:
+    """Canonical text of an experiment's SLOs (what ``good`` was computed under)."""
+    for name in slos:
+        if name not in SLO_COLUMNS:
+            raise ValueError(f"slos.{name}: not an SLO metric ({', '.join(SLO_COLUMNS)})")
+    return json.dumps({k: float(slos[k]) for k in sorted(slos)}, separators=(",", ":"))
+
+
+# --- the loader side -------------------------------------------------------------------
+
+
+def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, set[str]], set[str]]:
+    """``raw_events`` rows → (unit_events rows, trace_facts rows, touched units by experiment,
+    trace ids of labels/billing whose unit must be looked up)."""
+    unit_rows: list[tuple[Any, ...]] = []
+    fact_rows: list[tuple[Any, ...]] = []
+    units: dict[str, set[str]] = defaultdict(set)
+    traces: set[str] = set()
+    for r in raw_rows:
+        kind, trace = r[_I["type"]], r[_I["trace_id"]]
+        if kind == "inference":
+            exp, unit = r[_I["experiment"]], r[_I["unit_id"]]
+            error = r[_I["error"]]
+            unit_rows.append((
+                exp, unit, r[_I["event_id"]], trace, r[_I["variant"]], r[_I["ts"]],
+                r[_I["e2e_ms"]], r[_I["ttft_ms"]], r[_I["tpot_ms"]], r[_I["cost_usd"]], int(bool(error)),
+            ))
+            if trace:
+                fact_rows.append((trace, kind, r[_I["event_id"]], r[_I["ts"]], exp, unit, None, None))
+            units[exp].add(unit)
+        elif kind in ("feedback", "cost") and trace:
+            fact_rows.append((
+                trace, kind, r[_I["event_id"]], r[_I["ts"]], "", "",
+                r[_I["correct"]] if kind == "feedback" else None, r[_I["cost_usd"]] if kind == "cost" else None,
+            ))
+            traces.add(trace)
+    return unit_rows, fact_rows, units, traces
+
+
+def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
+    """Steps 1–3 of the module docstring for one batch; returns units recomputed per experiment.
+
+    Call it after the batch's ``raw_events`` insert and before the offset commit.
+    """
+    unit_rows, fact_rows, units, traces = split_batch(raw_rows)
+    if unit_rows:
+        client.insert("unit_events", unit_rows, column_names=list(UNIT_EVENT_COLUMNS))
+    if fact_rows:
+        client.insert("trace_facts", fact_rows, column_names=list(TRACE_FACT_COLUMNS))
+    if traces:
+        found = client.query(
+            "SELECT DISTINCT toString(experiment), unit_id FROM trace_facts "
+            "WHERE type = 'inference' AND trace_id IN {traces:Array(String)}",
+            parameters={"traces": sorted(traces)},
+        ).result_rows
+        for exp, unit in found:
+            units[exp].add(unit)
+    done = {}
+    for exp, touched in units.items():
+        recompute_units(client, exp, sorted(touched))
+        done[exp] = len(touched)
+    return done
+
+
+# --- the recompute ---------------------------------------------------------------------
+
+
+def current_slos(client: "Client", experiment: str) -> tuple[str, dict[str, float | None]]:
+    """(slo_key, bounds) the experiment's ``good`` is computed under; no row → no SLOs."""
+    rows = client.query(
+        # the newest row (argMax would skip a NULL bound and keep an older one)
+        "SELECT slo_key, e2e_ms, ttft_ms, tpot_ms FROM rollup_slos WHERE experiment = {experiment:String} "
+        "ORDER BY updated_at DESC LIMIT 1",
+        parameters={"experiment": experiment},
+    ).result_rows
+    if not rows:
+        return slo_key({}), dict.fromkeys(SLO_COLUMNS)
+    key, *bounds = rows[0]
+    return str(key), dict(zip(SLO_COLUMNS, (None if b is None else float(b) for b in bounds)))
+
+
+def set_slos(client: "Client", experiment: str, slos: Mapping[str, float]) -> bool:
+    """Record the SLOs ``good`` must use; True when they changed (stale units need a recompute)."""
+    key = slo_key(slos)
+    if current_slos(client, experiment)[0] == key:
+        return False
+    client.insert(
+        "rollup_slos",
+        [[experiment, key, *(float(slos[c]) if c in slos else None for c in SLO_COLUMNS)]],
+        column_names=["experiment", "slo_key", *SLO_COLUMNS],
+    )
+    return True
+
+
+# One loader batch (raw insert → lookup inserts → recompute) or one reader check at a time in
+# this process, so the reader never sees a batch half-fed (embedded mode: same process).
+batch_lock = threading.RLock()
+
+
+def _recompute_sql(units_given: bool) -> str:
+    where = "experiment = {experiment:String}" + (" AND unit_id IN {units:Array(String)}" if units_given else "")
+    traces = f"trace_id IN (SELECT trace_id FROM unit_events WHERE {where})" if units_given else "1"
+    valid = "((e.e2e_ms IS NULL OR e.e2e_ms >= 0) AND (e.ttft_ms IS NULL OR e.ttft_ms >= 0))"
+    good = (
+        "(e.is_error = 0"
+        " AND (isNull({slo_e2e_ms:Nullable(Float64)}) OR (e.e2e_ms IS NOT NULL AND e.e2e_ms <= {slo_e2e_ms:Nullable(Float64)}))"
+        " AND (isNull({slo_ttft_ms:Nullable(Float64)}) OR (e.ttft_ms IS NOT NULL AND e.ttft_ms <= {slo_ttft_ms:Nullable(Float64)}))"
+        # one output token: no TPOT, cannot break its SLO (as in the raw scan)
+        " AND (isNull({slo_tpot_ms:Nullable(Float64)}) OR e.tpot_ms IS NULL OR e.tpot_ms <= {slo_tpot_ms:Nullable(Float64)}))"
+    )
+    return f"""
+        INSERT INTO unit_stats (experiment, variant, unit_id, events, {', '.join(ROLLUP_SUMS)},
+                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, computed_at)
+        SELECT {{experiment:String}}, variant, unit_id, count(),
+               toFloat64(countIf(valid)), toFloat64(countIf(valid AND is_error)),
+               sumIf(ifNull(e2e_ms, 0), valid), toFloat64(countIf(valid AND e2e_ms IS NOT NULL)),
+               sumIf(ifNull(e2e_ms, 0) * ifNull(e2e_ms, 0), valid),
+               sumIf(ifNull(ttft_ms, 0), valid), toFloat64(countIf(valid AND ttft_ms IS NOT NULL)),
+               sumIf(ifNull(ttft_ms, 0) * ifNull(ttft_ms, 0), valid),
+               sumIf(ifNull(tpot_ms, 0), valid), toFloat64(countIf(valid AND tpot_ms IS NOT NULL)),
+               sumIf(cost, valid),
+               toFloat64(countIf(valid AND has_label)), sumIf(label, valid AND has_label), sumIf(cost, valid AND has_label),
+               toFloat64(countIf(valid AND good)),
+               (sumMapIf([hb_e2e], [toUInt64(e2e_ms IS NOT NULL)], valid) AS h_e2e).1, h_e2e.2,
+               (sumMapIf([hb_ttft], [toUInt64(ttft_ms IS NOT NULL)], valid) AS h_ttft).1, h_ttft.2,
+               if(countIf(valid) > 0, minIf(ts, valid), min(ts)), if(countIf(valid) > 0, maxIf(ts, valid), max(ts)),
+               {{slo_key:String}}, now64(6)
+        FROM (
+            SELECT toString(e.variant) AS variant, e.unit_id AS unit_id, e.ts AS ts,
+                   e.e2e_ms AS e2e_ms, e.ttft_ms AS ttft_ms, e.tpot_ms AS tpot_ms,
+                   {valid} AS valid, e.is_error = 1 AS is_error, {good} AS good,
+                   toFloat64(ifNull(if(b.has = 1, b.billed, e.cost_usd), 0)) AS cost,
+                   l.has = 1 AS has_label, l.label AS label,
+                   toUInt16({histogram_bucket_sql("ifNull(e.e2e_ms, -1)")}) AS hb_e2e,
+                   toUInt16({histogram_bucket_sql("ifNull(e.ttft_ms, -1)")}) AS hb_ttft
+            FROM (SELECT * FROM unit_events FINAL WHERE {where}) AS e
+            LEFT JOIN (
+                SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM trace_facts FINAL
+                WHERE type = 'cost' AND cost_usd IS NOT NULL AND {traces} GROUP BY trace_id
+            ) AS b ON b.trace_id = e.trace_id
+            LEFT JOIN (
+                SELECT trace_id, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has FROM trace_facts FINAL
+                WHERE type = 'feedback' AND correct IS NOT NULL AND {traces} GROUP BY trace_id
+            ) AS l ON l.trace_id = e.trace_id
+        )
+        GROUP BY variant, unit_id
+        SETTINGS join_use_nulls = 0
+    """
+
+
+def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:
+    """Rewrite the ``unit_stats`` rows of ``units`` (None: every unit of the experiment) from
+    ``unit_events``/``trace_facts`` under the experiment's current SLOs."""
+    key, bounds = current_slos(client, experiment)
+    params: dict[str, Any] = {"experiment": experiment, "slo_key": key, **{f"slo_{c}": b for c, b in bounds.items()}}
+    with batch_lock:  # one recompute at a time: the newest computed_at saw the most events
+        if units is None:
+            client.command(_recompute_sql(False), parameters=params)
+            return
+        for i in range(0, len(units), _UNITS_PER_RECOMPUTE):
+            client.command(_recompute_sql(True), parameters={**params, "units": list(units[i:i + _UNITS_PER_RECOMPUTE])})
+
+
+def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
+    """Copy already-loaded raw events into the lookup tables (what migration 0006 does once),
+    for all experiments or one; for events that reached ``raw_events`` without the loader
+    (a store filled before 0006, test fixtures, imports). Idempotent."""
+    exp = " AND experiment = {experiment:String}" if experiment is not None else ""
+    params = {"experiment": experiment} if experiment is not None else {}
+    client.command(
+        "INSERT INTO unit_events (experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, is_error) "
+        "SELECT experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, "
+        f"toUInt8(error IS NOT NULL AND error != '') FROM raw_events FINAL WHERE type = 'inference'{exp}",
+        parameters=params,
+    )
+    traces = (
+        f"(type = 'inference'{exp} OR (type IN ('feedback', 'cost') AND trace_id IN "
+        f"(SELECT trace_id FROM raw_events WHERE type = 'inference'{exp})))"
+        if experiment is not None else "type IN ('inference', 'feedback', 'cost')"
+    )
+    client.command(
+        "INSERT INTO trace_facts (trace_id, type, event_id, ts, experiment, unit_id, correct, cost_usd) "
+        "SELECT trace_id, type, event_id, ts, if(type = 'inference', experiment, ''), if(type = 'inference', unit_id, ''), "
+        "if(type = 'feedback', correct, NULL), if(type = 'cost', cost_usd, NULL) "
+        f"FROM raw_events FINAL WHERE {traces} AND trace_id != ''",
+        parameters=params,
+    )
+
+
+# --- completeness ----------------------------------------------------------------------
+
+_verified: dict[str, int] = {}
+_verified_raw: dict[str, tuple[int, int]] = {}
+
+
+def ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) -> dict[str, int]:
+    """Make the experiment's ``unit_stats`` complete and computed under ``slos``.
+
+    Cheap when nothing is missing (a few counts). Repairs, by recomputing only the affected
+    units: units whose SLOs changed, units loaded without a recompute (a recompute lost with
+    a crashed process before its replay), and inference events that reached ``raw_events``
+    without the loader (copied into the lookup tables first).
+    """
+    with batch_lock:
+        return _ensure_fresh(client, experiment, slos)
+
+
+def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) -> dict[str, int]:
+    _backfill_if_behind(client, experiment)
+    changed = set_slos(client, experiment, slos)
+    key = slo_key(slos)
+    repaired = {"slo": 0, "missing": 0}
+    p = {"experiment": experiment, "key": key}
+    stale = [r[0] for r in client.query(
+        "SELECT unit_id FROM unit_stats FINAL WHERE experiment = {experiment:String} AND slo_key != {key:String}",
+        parameters=p).result_rows] if changed or _has_stale(client, p) else []
+    if stale:
+        recompute_units(client, experiment, sorted(set(stale)))
+        repaired["slo"] = len(set(stale))
+    # every unit_events row is counted in some unit_stats row (duplicates before a merge make
+    # the unmerged count larger; a value already verified is not checked again)
+    loaded = client.query("SELECT count() FROM unit_events WHERE experiment = {experiment:String}", parameters=p).result_rows[0][0]
+    if _verified.get(experiment) == loaded:
+        return repaired
+    counted = client.query(
+        "SELECT sum(events) FROM unit_stats FINAL WHERE experiment = {experiment:String}", parameters=p).result_rows[0][0] or 0
+    if int(counted) != int(loaded):
+        missing = [r[0] for r in client.query(
+            """SELECT e.unit_id FROM (SELECT unit_id, count() AS n FROM unit_events FINAL WHERE experiment = {experiment:String}
+                                      GROUP BY unit_id) AS e
+               LEFT JOIN (SELECT unit_id, sum(events) AS n FROM unit_stats FINAL WHERE experiment = {experiment:String}
+                          GROUP BY unit_id) AS s ON s.unit_id = e.unit_id
+               WHERE e.n != s.n SETTINGS join_use_nulls = 0""",
+            parameters=p).result_rows]
+        if missing:
+            total = client.query("SELECT uniqExact(unit_id) FROM unit_events WHERE experiment = {experiment:String}",
+                                 parameters=p).result_rows[0][0]
+            recompute_units(client, experiment, None if len(missing) == total else sorted(missing))
+            repaired["missing"] = len(missing)
+    _verified[experiment] = int(loaded)
+    return repaired
+
+
+def _backfill_if_behind(client: "Client", experiment: str) -> None:
+    p = {"experiment": experiment}
+    raw, fed = (int(client.query(sql, parameters=p).result_rows[0][0]) for sql in (
+        "SELECT count() FROM raw_events WHERE type = 'inference' AND experiment = {experiment:String}",
+        "SELECT count() FROM unit_events WHERE experiment = {experiment:String}",
+    ))
+    if raw == fed or _verified_raw.get(experiment) == (raw, fed):
+        return
+    # unmerged duplicates can differ between the two tables: compare exact counts once
+    raw_exact, fed_exact = (int(client.query(sql, parameters=p).result_rows[0][0]) for sql in (
+        "SELECT count() FROM raw_events FINAL WHERE type = 'inference' AND experiment = {experiment:String}",
+        "SELECT count() FROM unit_events FINAL WHERE experiment = {experiment:String}",
+    ))
+    if raw_exact != fed_exact:
+        backfill_from_raw(client, experiment)
+        fed = int(client.query("SELECT count() FROM unit_events WHERE experiment = {experiment:String}",
+                               parameters=p).result_rows[0][0])
+    _verified_raw[experiment] = (raw, fed)
+
+
+def _has_stale(client: "Client", p: Mapping[str, Any]) -> bool:
+    return bool(client.query(
+        "SELECT count() FROM unit_stats WHERE experiment = {experiment:String} AND slo_key != {key:String}",
+        parameters=dict(p)).result_rows[0][0])

@@ -122,7 +122,7 @@ class Executor:
         tok = torch.tensor([ids], device=self.device)
         x = (self._tok_emb.index_select(0, tok[0]) + self._pos_emb[:t]).unsqueeze(0)
         causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()[None, None]
-        rows = torch.tensor([adapter], device=self.device)
+        rows = torch.tensor([adapter], device=self.device) if adapter else None
         for j in range(self.cfg.n_layers):
             x = self._layer(j, x, pool=pool, slots=slice(slot, slot + 1), write_pos=None, tk=t, mask=causal, rows=rows)
         return self._logits(x[:, -1])[0]
@@ -145,7 +145,7 @@ class Executor:
         tok = tok.to(self.device)
         x = self._tok_emb[tok] + self._pos_emb[:t]
         causal = torch.ones(t, t, dtype=torch.bool, device=self.device).tril()[None, None]
-        rows = torch.tensor(adapters, device=self.device)
+        rows = torch.tensor(adapters, device=self.device) if any(adapters) else None
         slot_index = torch.tensor(slots, device=self.device)
         for j in range(self.cfg.n_layers):
             x = self._layer(j, x, pool=pool, slots=slot_index, write_pos=None, tk=t, mask=causal, rows=rows)
@@ -165,11 +165,14 @@ class Executor:
         contiguous = slots == list(range(slots[0], slots[0] + b))
         slot_index = slice(slots[0], slots[0] + b) if contiguous else torch.tensor(slots, device=self.device)
         mask = None
+        write_pos: torch.Tensor | int = pos
         if min(lengths) != max(lengths):
             mask = (torch.arange(tk, device=self.device)[None, :] <= pos[:, None])[:, None, None, :]
-        rows = torch.tensor(adapters, device=self.device)
+        elif contiguous:
+            write_pos = lengths[0]  # one position for all: a slice copy instead of an index_put
+        rows = torch.tensor(adapters, device=self.device) if any(adapters) else None
         for j in range(self.cfg.n_layers):
-            x = self._layer(j, x, pool=pool, slots=slot_index, write_pos=pos, tk=tk, mask=mask, rows=rows)
+            x = self._layer(j, x, pool=pool, slots=slot_index, write_pos=write_pos, tk=tk, mask=mask, rows=rows)
         return self._logits(x[:, 0])
 
     # ------------------------------------------------------------------ internals
@@ -185,7 +188,7 @@ class Executor:
     def _layer(self, j: int, x: torch.Tensor, *, pool: KVPool, slots, write_pos, tk: int, mask, rows) -> torch.Tensor:
         blk = self.model.blocks[j]
         c = self.cfg
-        lora: LoRAWeights | None = self.bank.weights(j, rows)
+        lora: LoRAWeights | None = self.bank.weights(j, rows) if rows is not None else None
         b, t, d = x.shape
         h = blk.ln1(x)
         qkv = self._lin(j, "qkv", h)
@@ -194,10 +197,8 @@ class Executor:
         q, k, v = qkv.view(b, t, 3, c.n_heads, c.head_dim).permute(2, 0, 3, 1, 4)
         if isinstance(slots, slice):
             k_cache, v_cache = pool.k[j][slots], pool.v[j][slots]  # views: writes land in the pool
-            rows_b = torch.arange(b, device=x.device)
         else:
             k_cache, v_cache = pool.k[j], pool.v[j]
-            rows_b = slots
         if write_pos is None:  # prefill: positions 0..t-1
             if isinstance(slots, slice):
                 k_cache[:, :, :t] = k
@@ -206,7 +207,12 @@ class Executor:
                 k_cache[slots, :, :t] = k
                 v_cache[slots, :, :t] = v
             keys, values = k, v
+        elif isinstance(write_pos, int):
+            k_cache[:, :, write_pos] = k[:, :, 0]
+            v_cache[:, :, write_pos] = v[:, :, 0]
+            keys, values = k_cache[:, :, :tk], v_cache[:, :, :tk]
         else:
+            rows_b = torch.arange(b, device=x.device) if isinstance(slots, slice) else slots
             k_cache[rows_b, :, write_pos] = k[:, :, 0]
             v_cache[rows_b, :, write_pos] = v[:, :, 0]
             if isinstance(slots, slice):

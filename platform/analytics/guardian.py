@@ -1,14 +1,21 @@
-"""Guardrail automation: a breached guardrail pauses its variant and says why in the audit log."""
+"""Guardrail automation: a breached guardrail pauses its variant and says why in the audit log.
+
+The same loop runs the opt-in SLA-constrained Thompson allocator (:mod:`.allocation`)
+every ``allocator_interval_s``, after the guardrail pass, so no extra process is needed.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from ablab.platform.analytics import service
+from ablab.platform.analytics.allocation import reweight
+from ablab.platform.config import Settings, get_settings
 from ablab.platform.registry import service as registry
 from ablab.platform.registry.db import transaction
 from ablab.platform.registry.schemas import Status
@@ -18,7 +25,7 @@ log = logging.getLogger(__name__)
 ACTOR = "guardrail-monitor"
 
 
-def enforce_guardrails(sessions: sessionmaker[Session], client: Any) -> list[dict[str, str]]:
+def enforce_guardrails(sessions: sessionmaker[Session], client: Any, settings: Settings | None = None) -> list[dict[str, str]]:
     """One pass over running experiments; returns the pauses made."""
     paused: list[dict[str, str]] = []
     with transaction(sessions) as session:
@@ -28,7 +35,7 @@ def enforce_guardrails(sessions: sessionmaker[Session], client: Any) -> list[dic
         if not exp.guardrails:
             continue
         try:
-            result = service.results(client, exp)
+            result = service.results(client, exp, settings=settings)
         except Exception:  # noqa: BLE001 - one broken experiment must not stop the others
             log.exception("guardrail check of %s failed", exp.key)
             continue
@@ -46,10 +53,14 @@ def enforce_guardrails(sessions: sessionmaker[Session], client: Any) -> list[dic
 
 
 class GuardrailMonitor:
-    def __init__(self, sessions: sessionmaker[Session], client: Any, *, interval_s: float) -> None:
+    def __init__(
+        self, sessions: sessionmaker[Session], client: Any, *, interval_s: float, settings: Settings | None = None
+    ) -> None:
         self._sessions = sessions
         self._client = client
         self._interval_s = interval_s
+        self._settings = settings or get_settings()
+        self._allocated_at: float | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ablab-guardrails", daemon=True)
         self._thread.start()
@@ -57,9 +68,24 @@ class GuardrailMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                enforce_guardrails(self._sessions, self._client)
+                enforce_guardrails(self._sessions, self._client, self._settings)
             except Exception:  # noqa: BLE001 - keep monitoring
                 log.exception("guardrail pass failed")
+            self.allocate_if_due()
+
+    def allocate_if_due(self, now: float | None = None) -> list[dict[str, Any]]:
+        """The allocator pass, when ``allocator_interval_s`` has passed since the last one."""
+        now = time.monotonic() if now is None else now
+        if not self._settings.allocator_experiments:
+            return []
+        if self._allocated_at is not None and now - self._allocated_at < self._settings.allocator_interval_s:
+            return []
+        self._allocated_at = now
+        try:
+            return reweight(self._sessions, self._client, self._settings)
+        except Exception:  # noqa: BLE001 - keep monitoring
+            log.exception("allocator pass failed")
+            return []
 
     def close(self) -> None:
         self._stop.set()

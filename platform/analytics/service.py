@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
+from ablab.platform.config import Settings, get_settings
 from ablab.platform.errors import Invalid
 from ablab.platform.registry.schemas import ExperimentRead
 from ablab.platform.stats.spec import ExperimentSpec, SpecError, parse_spec
 
 
-def stats_spec(exp: ExperimentRead) -> ExperimentSpec:
+def is_adaptive(exp: ExperimentRead, settings: Settings | None = None) -> bool:
+    """Weights set by the allocator (see :mod:`.allocation`): request-randomized and opted in."""
+    settings = settings or get_settings()
+    return exp.unit.value == "request" and exp.key in settings.allocator_experiments
+
+
+def stats_spec(exp: ExperimentRead, *, settings: Settings | None = None) -> ExperimentSpec:
     metrics = dict(exp.metrics or {})
     data: dict[str, Any] = {
         "key": exp.key,
@@ -22,22 +30,23 @@ def stats_spec(exp: ExperimentRead) -> ExperimentSpec:
     if exp.started_at is not None:
         data["start"] = exp.started_at.isoformat()
     try:
-        return parse_spec(data)
+        spec = parse_spec(data)
     except SpecError as exc:
         raise Invalid(f"experiment '{exp.key}' cannot be analyzed: {exc}", field=str(exc).split(":")[0]) from exc
+    return replace(spec, adaptive=True) if is_adaptive(exp, settings) else spec
 
 
-def results(client: Any, exp: ExperimentRead) -> dict[str, Any]:
+def results(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
     """From the per-unit rollup (raw scan only for request-randomized experiments)."""
     from ablab.platform.stats.store_query import results as from_store
 
-    return from_store(client, stats_spec(exp))
+    return from_store(client, stats_spec(exp, settings=settings))
 
 
-def attribution(client: Any, exp: ExperimentRead) -> dict[str, Any]:
+def attribution(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
     from ablab.platform.stats.store_query import attribution as from_store
 
-    return from_store(client, stats_spec(exp))
+    return from_store(client, stats_spec(exp, settings=settings))
 
 
 def timeseries(client: Any, exp: ExperimentRead, *, metric: str) -> dict[str, Any]:

@@ -120,6 +120,8 @@ def analyze(
     stats = {v.key: stats.get(v.key) or empty_variant() for v in spec.variants}
     unit_counts = exposures if exposures is not None else {k: s.units for k, s in stats.items()}
     srm = srm_check(unit_counts, spec.weights)
+    if spec.adaptive:  # the allocator moved the weights between phases: no fixed split to check
+        srm = type(srm)(math.nan, math.nan, False, srm.observed, {})
     control = stats[spec.control]
 
     rows: list[dict[str, Any]] = []
@@ -176,6 +178,7 @@ def analyze(
             "statistic": srm.statistic,
             "observed": srm.observed,
             "expected": srm.expected,
+            **({"skipped": "adaptive allocation: weights changed between phases"} if spec.adaptive else {}),
         },
         "coverage": coverage,
         "metrics": rows,

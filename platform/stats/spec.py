@@ -65,6 +65,9 @@ class ExperimentSpec:
     cuped: bool = True
     coverage_alpha: float = 0.001
     start: str | None = None  # ISO-8601; inference events before it are the CUPED pre-period
+    # weights were changed by the adaptive allocator (phases): the split is not the configured
+    # weights, so the sample-ratio check against them does not apply
+    adaptive: bool = False
 
     @property
     def weights(self) -> dict[str, float]:

@@ -4,11 +4,14 @@ Idempotence comes from recomputation, not accumulation. For each batch the loade
 
 1. inserts the batch's inference events into ``unit_events`` (ordered by experiment, unit)
    and its inference pointers, labels and billing records into ``trace_facts`` (ordered by
-   trace) — both ReplacingMergeTrees on ``event_id``, so a replayed batch collapses;
+   trace), and places every label/billing record whose trace's inference pointer is now
+   loaded at its unit in ``unit_facts`` (migration 0007) — all ReplacingMergeTrees on
+   ``event_id``, so a replayed batch collapses;
 2. finds the units the batch touched: the inference events' units, plus, for labels and
    billing records, the unit of their trace (looked up by ``trace_id`` in ``trace_facts``;
    a label that arrives before its inference event is picked up when that event arrives);
-3. recomputes those units' ``unit_stats`` rows from the two tables read with ``FINAL`` and
+3. recomputes those units' ``unit_stats`` rows from ``unit_events``/``unit_facts`` read with
+   ``FINAL`` (primary-key ranges of the touched units only) and
    inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
 
 Only after that does it commit the Kafka offsets. A crash at any point replays the batch,
@@ -87,16 +90,33 @@ def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]
     return unit_rows, fact_rows, units, traces
 
 
+_MATCH_SQL = """
+    INSERT INTO unit_facts (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd)
+    SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd
+    FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM trace_facts  -- copies collapse in unit_facts
+          WHERE type IN ('feedback', 'cost') AND trace_id IN {traces:Array(String)}) AS f
+    INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM trace_facts
+                WHERE type = 'inference' AND trace_id IN {traces:Array(String)}) AS p ON p.trace_id = f.trace_id
+"""
+
+
 def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
     """Steps 1–3 of the module docstring for one batch; returns units recomputed per experiment.
 
-    Call it after the batch's ``raw_events`` insert and before the offset commit.
+    Call it after the batch's ``raw_events`` insert and before the offset commit. Labels and
+    billing records are placed at their unit (``unit_facts``) as soon as both they and their
+    trace's inference pointer are loaded, in whichever batch completes the pair, so a unit's
+    recompute reads primary-key ranges only.
     """
     unit_rows, fact_rows, units, traces = split_batch(raw_rows)
     if unit_rows:
         client.insert("unit_events", unit_rows, column_names=list(UNIT_EVENT_COLUMNS))
     if fact_rows:
         client.insert("trace_facts", fact_rows, column_names=list(TRACE_FACT_COLUMNS))
+    # traces whose label/billing ↔ inference pair this batch may complete
+    pairs = sorted(traces | {r[3] for r in unit_rows if r[3]})
+    for i in range(0, len(pairs), _UNITS_PER_RECOMPUTE):
+        client.command(_MATCH_SQL, parameters={"traces": pairs[i:i + _UNITS_PER_RECOMPUTE]})
     if traces:
         found = client.query(
             "SELECT DISTINCT toString(experiment), unit_id FROM trace_facts "
@@ -149,7 +169,6 @@ batch_lock = threading.RLock()
 
 def _recompute_sql(units_given: bool) -> str:
     where = "experiment = {experiment:String}" + (" AND unit_id IN {units:Array(String)}" if units_given else "")
-    traces = f"trace_id IN (SELECT trace_id FROM unit_events WHERE {where})" if units_given else "1"
     valid = "((e.e2e_ms IS NULL OR e.e2e_ms >= 0) AND (e.ttft_ms IS NULL OR e.ttft_ms >= 0))"
     good = (
         "(e.is_error = 0"
@@ -185,12 +204,12 @@ def _recompute_sql(units_given: bool) -> str:
                    toUInt16({histogram_bucket_sql("ifNull(e.ttft_ms, -1)")}) AS hb_ttft
             FROM (SELECT * FROM unit_events FINAL WHERE {where}) AS e
             LEFT JOIN (
-                SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM trace_facts FINAL
-                WHERE type = 'cost' AND cost_usd IS NOT NULL AND {traces} GROUP BY trace_id
+                SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM unit_facts FINAL
+                WHERE {where} AND type = 'cost' AND cost_usd IS NOT NULL GROUP BY trace_id
             ) AS b ON b.trace_id = e.trace_id
             LEFT JOIN (
-                SELECT trace_id, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has FROM trace_facts FINAL
-                WHERE type = 'feedback' AND correct IS NOT NULL AND {traces} GROUP BY trace_id
+                SELECT trace_id, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has FROM unit_facts FINAL
+                WHERE {where} AND type = 'feedback' AND correct IS NOT NULL GROUP BY trace_id
             ) AS l ON l.trace_id = e.trace_id
         )
         GROUP BY variant, unit_id
@@ -233,6 +252,16 @@ def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
         "SELECT trace_id, type, event_id, ts, if(type = 'inference', experiment, ''), if(type = 'inference', unit_id, ''), "
         "if(type = 'feedback', correct, NULL), if(type = 'cost', cost_usd, NULL) "
         f"FROM raw_events FINAL WHERE {traces} AND trace_id != ''",
+        parameters=params,
+    )
+    pointers = "type = 'inference'" + exp
+    client.command(
+        "INSERT INTO unit_facts (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd) "
+        "SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd "
+        "FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM trace_facts FINAL "
+        "      WHERE type IN ('feedback', 'cost')) AS f "
+        f"INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM trace_facts WHERE {pointers}) AS p "
+        "ON p.trace_id = f.trace_id",
         parameters=params,
     )
 

@@ -32,7 +32,7 @@ def store(tmp_path):
     client.close()
 
 
-def _run(loader: Loader, *, idle_exit_s: float = 3.0) -> BaseException | None:
+def _run(loader: Loader, *, idle_exit_s: float = 8.0) -> BaseException | None:
     failure: list[BaseException] = []
 
     def target() -> None:

@@ -250,13 +250,13 @@ def _metrics(api_url: str) -> dict[str, float]:
     return values
 
 
-WATCHED = ("api", "stream", "worker-0", "worker-1", "labeler-0", "labeler-1")
+WATCHED = ("api", "stream", "outbox", "worker-0", "worker-1", "labeler-0", "labeler-1")
 
 
 def _check_alive(soak: Soak, supervisor: Any, services: dict, *, heal: bool, busy: set[str]) -> None:
     """A watched service that died outside a fault is an unplanned exit: record it (and restart it)."""
     for name in WATCHED:
-        if name in busy or supervisor.pid(name) is not None:
+        if name not in services or name in busy or supervisor.pid(name) is not None:
             continue
         tail = supervisor.tail(name, lines=6).replace("\n", " | ")[-400:]
         record = FaultRecord(f"unplanned exit: {name}", soak.t(), detail=tail)
@@ -274,6 +274,14 @@ def _check_alive(soak: Soak, supervisor: Any, services: dict, *, heal: bool, bus
         soak.faults.append(FaultRecord("unplanned: broker not answering", soak.t()))
         if heal:
             supervisor.start(services["kafka"])
+
+
+def _outbox_behind(directory: Path) -> dict[str, int]:
+    try:
+        positions = json.loads((directory / ".positions.json").read_text())
+    except (OSError, ValueError):
+        positions = {}
+    return {p.name: p.stat().st_size - int(positions.get(p.name, 0)) for p in directory.glob("*.jsonl")}
 
 
 def _load() -> tuple[float, float, float]:
@@ -597,6 +605,11 @@ def run(args: argparse.Namespace) -> int:
                 return bool(m) and pending_n == 0, f"API emitter queued+inflight+spool {pending_n:.0f}"
 
             time.sleep(3)  # labelers' and workers' HTTP sinks flush every 0.5 s
+            outbox = home / "outbox"
+            if outbox.is_dir():  # the demo's emitters write event files that a forwarder ships
+                _wait("outbox shipped", lambda: (not any(_outbox_behind(outbox).values()),
+                                                 f"bytes not yet acknowledged {sum(_outbox_behind(outbox).values())}"),
+                      timeout_s=args.drain_timeout_s, progress=progress, task=dtask)
             _wait("API emitter drained", _api_drained, timeout_s=args.drain_timeout_s, progress=progress, task=dtask)
             _push_watermark(bootstrap)
             stable: list[Any] = [None, 0]

@@ -82,16 +82,27 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  #
     ]
     if demo and tokens:
         sdk_env = {**env, "ABLAB_SDK_TOKEN": tokens["sdk"]}
+        # The emitters write their events to outbox files (durable once written) and one
+        # forwarder posts them with deterministic event_ids: a killed worker loses no event
+        # of a request it answered, and a re-post is never counted twice (stack/outbox.py).
+        outbox = settings.home / "outbox"
+
+        def events_file(name: str) -> list[str]:
+            return ["--events-file", str(outbox / f"{name}.jsonl")]
+
+        services.append(Service("outbox", [ablab, "outbox", "--api-url", api], lambda: True, env=sdk_env))
         for i, wport in enumerate(settings.demo_worker_ports):
-            services.append(Service(f"worker-{i}", [ablab, "worker", "--port", str(wport), "--api-url", api, "--device", "cpu"],
+            services.append(Service(f"worker-{i}", [ablab, "worker", "--port", str(wport), "--api-url", api, "--device", "cpu",
+                                                    *events_file(f"worker-{i}")],
                                     http_ok(f"http://127.0.0.1:{wport}/healthz"), env=sdk_env, start_timeout_s=180))
         for i, wport in enumerate(settings.demo_worker_ports):
             ledger = str(settings.home / "run" / f"ledger-{i}.jsonl")
             services.append(Service(f"traffic-{i}", [ablab, "traffic", "--worker-url", f"http://127.0.0.1:{wport}", "--rate", "4",
                                                      "--duration", f"{settings.demo_duration_s:g}", "--users", "300", "--ledger", ledger, "--api-url", api,
-                                                     "--seed", str(7 + i)], lambda: True, env=sdk_env))
+                                                     "--seed", str(7 + i), *events_file(f"traffic-{i}")], lambda: True, env=sdk_env))
             services.append(Service(f"labeler-{i}", [ablab, "labeler", "--ledger", ledger, "--fraction", "0.5",
-                                                     "--delay-median-min", "0.2", "--api-url", api, "--seed", str(11 + i)],
+                                                     "--delay-median-min", "0.2", "--api-url", api, "--seed", str(11 + i),
+                                                     *events_file(f"labeler-{i}")],
                                     lambda: True, env=sdk_env))
     return services
 
@@ -166,7 +177,38 @@ def status() -> None:
     out.print(table)
 
 
+def outbox(
+    api_url: str = typer.Option(None, help="ablab API (default ABLAB_API_URL)."),
+    token: str = typer.Option(None, envvar="ABLAB_SDK_TOKEN", help="SDK-scope API token."),
+    once: bool = typer.Option(False, help="Ship what is there and exit (no tailing)."),
+) -> None:
+    """Ship the event files under ABLAB_HOME/outbox to POST /v1/events, each event once (the demo's emitters write them)."""
+    import signal
+
+    from ablab.platform.stack.outbox import Forwarder, http_poster
+
+    settings = get_settings()
+    if not token:
+        fail("--token (or ABLAB_SDK_TOKEN) is required", hint="ablab keys create --name outbox --scope sdk")
+    forwarder = Forwarder(settings.home / "outbox", post=http_poster(api_url or settings.api_url, token))
+    stopping = {"now": False}
+
+    def _stop(*_: object) -> None:  # finish the batch in flight, save the position, exit
+        stopping["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    console.print(f"outbox: shipping {forwarder.directory} to {api_url or settings.api_url}")
+    if once:
+        while forwarder.step():
+            pass
+    else:
+        forwarder.run(stop=lambda: stopping["now"])
+    out.print(json.dumps({"posted": forwarder.stats.posted, "torn": forwarder.stats.torn,
+                          "rejected": forwarder.stats.rejected, "behind_bytes": forwarder.behind()}))
+
+
 def register(app: typer.Typer) -> None:
+    app.command("outbox")(outbox)
     app.command("setup")(setup)
     app.command("up")(up)
     app.command("down")(down)

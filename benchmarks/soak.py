@@ -430,6 +430,18 @@ def clickhouse_view(home: Path) -> dict[str, Any]:
                  (SELECT count() FROM late_events FINAL WHERE type = 'rum' AND experiment = {e:String})""",
             parameters={"e": EXPERIMENT}).result_rows[0]
         dead = client.query("SELECT field, count() FROM dead_letters FINAL GROUP BY field").result_rows
+        # Where the window identity breaks: per 10 s window, raw events vs Σ n + late.
+        gaps = client.query(
+            """SELECT r.ws, sum(r.n), sum(w.n), sum(l.n) FROM
+                 (SELECT variant, toStartOfInterval(ts, INTERVAL 10 SECOND) AS ws, count() AS n FROM raw_events FINAL
+                  WHERE type = 'inference' AND experiment = {e:String} GROUP BY variant, ws) AS r
+               LEFT JOIN (SELECT variant, toDateTime(window_start) AS ws, n FROM window_stats FINAL
+                          WHERE experiment = {e:String}) AS w ON r.variant = w.variant AND r.ws = w.ws
+               LEFT JOIN (SELECT variant, toStartOfInterval(ts, INTERVAL 10 SECOND) AS ws, count() AS n FROM late_events FINAL
+                          WHERE type = 'inference' AND experiment = {e:String} GROUP BY variant, ws) AS l
+                 ON r.variant = l.variant AND r.ws = l.ws
+               GROUP BY r.ws HAVING sum(r.n) != sum(w.n) + sum(l.n) ORDER BY r.ws""",
+            parameters={"e": EXPERIMENT}).result_rows
     finally:
         close = getattr(client, "close", None)
         if close:
@@ -437,7 +449,9 @@ def clickhouse_view(home: Path) -> dict[str, Any]:
     raw, windowed, late, windows, rum_windowed, rum_late = (int(v or 0) for v in balance)
     return {"per_trace": per_trace, "final": {k: int(v) for k, v in final.items()},
             "windows": {"raw_inference": raw, "windowed": windowed, "late": late, "window_rows": windows,
-                        "balanced": raw == windowed + late, "rum_windowed": rum_windowed, "rum_late": rum_late},
+                        "balanced": raw == windowed + late, "rum_windowed": rum_windowed, "rum_late": rum_late,
+                        "gaps": [{"window_start": str(ws), "raw": int(r), "windowed": int(w), "late": int(lt)}
+                                 for ws, r, w, lt in gaps]},
             "dead_letters": {k: int(v) for k, v in dead}}
 
 
@@ -718,6 +732,9 @@ def _print_report(result: dict[str, Any]) -> bool:
     out.print(f"windows: raw inference {w['raw_inference']} = Σ window n {w['windowed']} + late {w['late']} "
               f"→ {'[green]balanced[/]' if w['balanced'] else '[red]NOT balanced (Δ ' + str(w['raw_inference'] - w['windowed'] - w['late']) + ')[/]'}"
               f" over {w['window_rows']} window rows; rum windowed {w['rum_windowed']}, rum late {w['rum_late']}")
+    if w.get("gaps"):
+        out.print("windows that do not balance (start: raw vs Σ n + late): " + "; ".join(
+            f"{g['window_start'][11:19]}: {g['raw']} vs {g['windowed']}+{g['late']}" for g in w["gaps"][:12]))
     faults = Table(title="fault timeline")
     for column in ("t (s)", "fault", "took (s)", "ok", "detail"):
         faults.add_column(column)

@@ -189,26 +189,21 @@ def variant_stats_from_rollup(
         "WHERE experiment = {experiment:String} AND requests > 0",
         p,
     )
-    per_variant = client.query(
+    per_variant = client.query(  # histograms and time span per variant, one pass
         "SELECT toString(variant), (sumMap(e2e_buckets, e2e_counts) AS he).1, he.2, "
-        "(sumMap(ttft_buckets, ttft_counts) AS ht).1, ht.2 "
+        "(sumMap(ttft_buckets, ttft_counts) AS ht).1, ht.2, toUnixTimestamp64Milli(min(min_ts)), "
+        "toUnixTimestamp64Milli(max(max_ts)) "
         "FROM unit_stats FINAL WHERE experiment = {experiment:String} AND requests > 0 GROUP BY variant",
         parameters=p,
     ).result_rows
     histograms: dict[str, dict[str, HistogramStats]] = {}
-    span = 0.0
-    starts_ends = client.query(  # the experiment's span, for goodput per second
-        "SELECT toFloat64(dateDiff('millisecond', min(min_ts), max(max_ts))) / 1000 FROM unit_stats FINAL "
-        "WHERE experiment = {experiment:String} AND requests > 0",
-        parameters=p,
-    ).result_rows
-    if starts_ends and starts_ends[0][0] is not None:
-        span = float(starts_ends[0][0])
-    for variant, e2e_b, e2e_c, ttft_b, ttft_c in per_variant:
+    for variant, e2e_b, e2e_c, ttft_b, ttft_c, _, _ in per_variant:
         histograms[str(variant)] = {
             "e2e_ms": HistogramStats.from_buckets(np.asarray(e2e_b), np.asarray(e2e_c)),
             "ttft_ms": HistogramStats.from_buckets(np.asarray(ttft_b), np.asarray(ttft_c)),
         }
+    # the experiment's span (goodput per second), as the raw scan and the offline path take it
+    span = (max(r[6] for r in per_variant) - min(r[5] for r in per_variant)) / 1000 if per_variant else 0.0
     exp = _columns(client, _exposures_sql(False), p)
     exposures = None
     if exp["variant"].size:

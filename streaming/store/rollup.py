@@ -1,16 +1,16 @@
-"""The per-unit rollup (``unit_stats``, migration 0006): fed by the loader, read by results.
+"""The per-unit rollup (``unit_stats``, migrations 0006–0008): fed by the loader, read by results.
 
 Idempotence comes from recomputation, not accumulation. For each batch the loader:
 
-1. inserts the batch's inference events into ``unit_events`` (ordered by experiment, unit)
-   and its inference pointers, labels and billing records into ``trace_facts`` (ordered by
+1. inserts the batch's inference events into ``rollup_events`` (ordered by experiment, unit)
+   and its inference pointers, labels and billing records into ``rollup_traces`` (ordered by
    trace), and places every label/billing record whose trace's inference pointer is now
-   loaded at its unit in ``unit_facts`` (migration 0007) — all ReplacingMergeTrees on
+   loaded at its unit in ``rollup_labels`` (migrations 0006–0008) — all ReplacingMergeTrees on
    ``event_id``, so a replayed batch collapses;
 2. finds the units the batch touched: the inference events' units, plus, for labels and
-   billing records, the unit of their trace (looked up by ``trace_id`` in ``trace_facts``;
+   billing records, the unit of their trace (looked up by ``trace_id`` in ``rollup_traces``;
    a label that arrives before its inference event is picked up when that event arrives);
-3. recomputes those units' ``unit_stats`` rows from ``unit_events``/``unit_facts`` read with
+3. recomputes those units' ``unit_stats`` rows from ``rollup_events``/``rollup_labels`` read with
    ``FINAL`` (primary-key ranges of the touched units only) and
    inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
 
@@ -38,10 +38,10 @@ if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 SLO_COLUMNS = ("e2e_ms", "ttft_ms", "tpot_ms")
-UNIT_EVENT_COLUMNS = (
+ROLLUP_EVENT_COLUMNS = (
     "experiment", "unit_id", "event_id", "trace_id", "variant", "ts", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "is_error",
 )
-TRACE_FACT_COLUMNS = ("trace_id", "type", "event_id", "ts", "experiment", "unit_id", "correct", "cost_usd")
+ROLLUP_TRACE_COLUMNS = ("trace_id", "type", "event_id", "ts", "experiment", "unit_id", "correct", "cost_usd")
 ROLLUP_SUMS = (
     "requests", "errors", "e2e_ms_sum", "e2e_ms_n", "e2e_ms_sq", "ttft_ms_sum", "ttft_ms_n", "ttft_ms_sq",
     "tpot_ms_sum", "tpot_ms_n", "cost_usd_sum", "labeled", "correct", "labeled_cost_usd_sum", "good",
@@ -63,7 +63,7 @@ def slo_key(slos: Mapping[str, float]) -> str:
 
 
 def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, set[str]], set[str]]:
-    """``raw_events`` rows → (unit_events rows, trace_facts rows, touched units by experiment,
+    """``raw_events`` rows → (rollup_events rows, rollup_traces rows, touched units by experiment,
     trace ids of labels/billing whose unit must be looked up)."""
     unit_rows: list[tuple[Any, ...]] = []
     fact_rows: list[tuple[Any, ...]] = []
@@ -91,11 +91,11 @@ def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]
 
 
 _MATCH_SQL = """
-    INSERT INTO unit_facts (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd)
+    INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd)
     SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd
-    FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM trace_facts  -- copies collapse in unit_facts
+    FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM rollup_traces  -- copies collapse in rollup_labels
           WHERE type IN ('feedback', 'cost') AND trace_id IN {traces:Array(String)}) AS f
-    INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM trace_facts
+    INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM rollup_traces
                 WHERE type = 'inference' AND trace_id IN {traces:Array(String)}) AS p ON p.trace_id = f.trace_id
 """
 
@@ -104,22 +104,22 @@ def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
     """Steps 1–3 of the module docstring for one batch; returns units recomputed per experiment.
 
     Call it after the batch's ``raw_events`` insert and before the offset commit. Labels and
-    billing records are placed at their unit (``unit_facts``) as soon as both they and their
+    billing records are placed at their unit (``rollup_labels``) as soon as both they and their
     trace's inference pointer are loaded, in whichever batch completes the pair, so a unit's
     recompute reads primary-key ranges only.
     """
     unit_rows, fact_rows, units, traces = split_batch(raw_rows)
     if unit_rows:
-        client.insert("unit_events", unit_rows, column_names=list(UNIT_EVENT_COLUMNS))
+        client.insert("rollup_events", unit_rows, column_names=list(ROLLUP_EVENT_COLUMNS))
     if fact_rows:
-        client.insert("trace_facts", fact_rows, column_names=list(TRACE_FACT_COLUMNS))
+        client.insert("rollup_traces", fact_rows, column_names=list(ROLLUP_TRACE_COLUMNS))
     # traces whose label/billing ↔ inference pair this batch may complete
     pairs = sorted(traces | {r[3] for r in unit_rows if r[3]})
     for i in range(0, len(pairs), _UNITS_PER_RECOMPUTE):
         client.command(_MATCH_SQL, parameters={"traces": pairs[i:i + _UNITS_PER_RECOMPUTE]})
     if traces:
         found = client.query(
-            "SELECT DISTINCT toString(experiment), unit_id FROM trace_facts "
+            "SELECT DISTINCT toString(experiment), unit_id FROM rollup_traces "
             "WHERE type = 'inference' AND trace_id IN {traces:Array(String)}",
             parameters={"traces": sorted(traces)},
         ).result_rows
@@ -202,13 +202,13 @@ def _recompute_sql(units_given: bool) -> str:
                    l.has = 1 AS has_label, l.label AS label,
                    toUInt16({histogram_bucket_sql("ifNull(e.e2e_ms, -1)")}) AS hb_e2e,
                    toUInt16({histogram_bucket_sql("ifNull(e.ttft_ms, -1)")}) AS hb_ttft
-            FROM (SELECT * FROM unit_events FINAL WHERE {where}) AS e
+            FROM (SELECT * FROM rollup_events FINAL WHERE {where}) AS e
             LEFT JOIN (
-                SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM unit_facts FINAL
+                SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM rollup_labels FINAL
                 WHERE {where} AND type = 'cost' AND cost_usd IS NOT NULL GROUP BY trace_id
             ) AS b ON b.trace_id = e.trace_id
             LEFT JOIN (
-                SELECT trace_id, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has FROM unit_facts FINAL
+                SELECT trace_id, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has FROM rollup_labels FINAL
                 WHERE {where} AND type = 'feedback' AND correct IS NOT NULL GROUP BY trace_id
             ) AS l ON l.trace_id = e.trace_id
         )
@@ -219,7 +219,7 @@ def _recompute_sql(units_given: bool) -> str:
 
 def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:
     """Rewrite the ``unit_stats`` rows of ``units`` (None: every unit of the experiment) from
-    ``unit_events``/``trace_facts`` under the experiment's current SLOs."""
+    ``rollup_events``/``rollup_traces`` under the experiment's current SLOs."""
     key, bounds = current_slos(client, experiment)
     params: dict[str, Any] = {"experiment": experiment, "slo_key": key, **{f"slo_{c}": b for c, b in bounds.items()}}
     with batch_lock:  # one recompute at a time: the newest computed_at saw the most events
@@ -237,7 +237,7 @@ def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
     exp = " AND experiment = {experiment:String}" if experiment is not None else ""
     params = {"experiment": experiment} if experiment is not None else {}
     client.command(
-        "INSERT INTO unit_events (experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, is_error) "
+        "INSERT INTO rollup_events (experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, is_error) "
         "SELECT experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, "
         f"toUInt8(error IS NOT NULL AND error != '') FROM raw_events FINAL WHERE type = 'inference'{exp}",
         parameters=params,
@@ -248,7 +248,7 @@ def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
         if experiment is not None else "type IN ('inference', 'feedback', 'cost')"
     )
     client.command(
-        "INSERT INTO trace_facts (trace_id, type, event_id, ts, experiment, unit_id, correct, cost_usd) "
+        "INSERT INTO rollup_traces (trace_id, type, event_id, ts, experiment, unit_id, correct, cost_usd) "
         "SELECT trace_id, type, event_id, ts, if(type = 'inference', experiment, ''), if(type = 'inference', unit_id, ''), "
         "if(type = 'feedback', correct, NULL), if(type = 'cost', cost_usd, NULL) "
         f"FROM raw_events FINAL WHERE {traces} AND trace_id != ''",
@@ -256,11 +256,11 @@ def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
     )
     pointers = "type = 'inference'" + exp
     client.command(
-        "INSERT INTO unit_facts (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd) "
+        "INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd) "
         "SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd "
-        "FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM trace_facts FINAL "
+        "FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM rollup_traces FINAL "
         "      WHERE type IN ('feedback', 'cost')) AS f "
-        f"INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM trace_facts WHERE {pointers}) AS p "
+        f"INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM rollup_traces WHERE {pointers}) AS p "
         "ON p.trace_id = f.trace_id",
         parameters=params,
     )
@@ -286,33 +286,35 @@ def ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) -
 
 def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) -> dict[str, int]:
     _backfill_if_behind(client, experiment)
-    changed = set_slos(client, experiment, slos)
+    set_slos(client, experiment, slos)
     key = slo_key(slos)
     repaired = {"slo": 0, "missing": 0}
     p = {"experiment": experiment, "key": key}
-    stale = [r[0] for r in client.query(
-        "SELECT unit_id FROM unit_stats FINAL WHERE experiment = {experiment:String} AND slo_key != {key:String}",
-        parameters=p).result_rows] if changed or _has_stale(client, p) else []
-    if stale:
+    counted, n_stale = client.query(
+        "SELECT sum(events), countIf(slo_key != {key:String}) FROM unit_stats FINAL WHERE experiment = {experiment:String}",
+        parameters=p).result_rows[0]
+    if n_stale:
+        stale = [r[0] for r in client.query(
+            "SELECT unit_id FROM unit_stats FINAL WHERE experiment = {experiment:String} AND slo_key != {key:String}",
+            parameters=p).result_rows]
         recompute_units(client, experiment, sorted(set(stale)))
         repaired["slo"] = len(set(stale))
-    # every unit_events row is counted in some unit_stats row (duplicates before a merge make
+    # every rollup_events row is counted in some unit_stats row (duplicates before a merge make
     # the unmerged count larger; a value already verified is not checked again)
-    loaded = client.query("SELECT count() FROM unit_events WHERE experiment = {experiment:String}", parameters=p).result_rows[0][0]
+    loaded = client.query("SELECT count() FROM rollup_events WHERE experiment = {experiment:String}", parameters=p).result_rows[0][0]
     if _verified.get(experiment) == loaded:
         return repaired
-    counted = client.query(
-        "SELECT sum(events) FROM unit_stats FINAL WHERE experiment = {experiment:String}", parameters=p).result_rows[0][0] or 0
+    counted = counted or 0
     if int(counted) != int(loaded):
         missing = [r[0] for r in client.query(
-            """SELECT e.unit_id FROM (SELECT unit_id, count() AS n FROM unit_events FINAL WHERE experiment = {experiment:String}
+            """SELECT e.unit_id FROM (SELECT unit_id, count() AS n FROM rollup_events FINAL WHERE experiment = {experiment:String}
                                       GROUP BY unit_id) AS e
                LEFT JOIN (SELECT unit_id, sum(events) AS n FROM unit_stats FINAL WHERE experiment = {experiment:String}
                           GROUP BY unit_id) AS s ON s.unit_id = e.unit_id
                WHERE e.n != s.n SETTINGS join_use_nulls = 0""",
             parameters=p).result_rows]
         if missing:
-            total = client.query("SELECT uniqExact(unit_id) FROM unit_events WHERE experiment = {experiment:String}",
+            total = client.query("SELECT uniqExact(unit_id) FROM rollup_events WHERE experiment = {experiment:String}",
                                  parameters=p).result_rows[0][0]
             recompute_units(client, experiment, None if len(missing) == total else sorted(missing))
             repaired["missing"] = len(missing)
@@ -324,23 +326,17 @@ def _backfill_if_behind(client: "Client", experiment: str) -> None:
     p = {"experiment": experiment}
     raw, fed = (int(client.query(sql, parameters=p).result_rows[0][0]) for sql in (
         "SELECT count() FROM raw_events WHERE type = 'inference' AND experiment = {experiment:String}",
-        "SELECT count() FROM unit_events WHERE experiment = {experiment:String}",
+        "SELECT count() FROM rollup_events WHERE experiment = {experiment:String}",
     ))
     if raw == fed or _verified_raw.get(experiment) == (raw, fed):
         return
     # unmerged duplicates can differ between the two tables: compare exact counts once
     raw_exact, fed_exact = (int(client.query(sql, parameters=p).result_rows[0][0]) for sql in (
         "SELECT count() FROM raw_events FINAL WHERE type = 'inference' AND experiment = {experiment:String}",
-        "SELECT count() FROM unit_events FINAL WHERE experiment = {experiment:String}",
+        "SELECT count() FROM rollup_events FINAL WHERE experiment = {experiment:String}",
     ))
     if raw_exact != fed_exact:
         backfill_from_raw(client, experiment)
-        fed = int(client.query("SELECT count() FROM unit_events WHERE experiment = {experiment:String}",
+        fed = int(client.query("SELECT count() FROM rollup_events WHERE experiment = {experiment:String}",
                                parameters=p).result_rows[0][0])
     _verified_raw[experiment] = (raw, fed)
-
-
-def _has_stale(client: "Client", p: Mapping[str, Any]) -> bool:
-    return bool(client.query(
-        "SELECT count() FROM unit_stats WHERE experiment = {experiment:String} AND slo_key != {key:String}",
-        parameters=dict(p)).result_rows[0][0])

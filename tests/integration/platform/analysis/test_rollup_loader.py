@@ -71,7 +71,7 @@ def _run(loader: Loader) -> BaseException | None:
 
     def target() -> None:
         try:
-            loader.run(threading.Event(), idle_exit_s=3.0)
+            loader.run(threading.Event(), idle_exit_s=8.0)
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             failure.append(exc)
 

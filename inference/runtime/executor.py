@@ -225,7 +225,11 @@ class Executor:
         if lora is not None:
             x = x + lora.delta("out", att)
         h = blk.ln2(x)
-        if self.runtime.sparse_ffn_k is not None:
+        # Sparse FFN serves decode steps; a prompt's many tokens go through the dense GEMM,
+        # which is efficient there (selection would only add the predictor and a mask) and
+        # keeps the first answer token exact (Deja Vu-style: sparsity where decode is
+        # bound by per-token weight traffic).
+        if self.runtime.sparse_ffn_k is not None and write_pos is not None:
             ffn = sparse_ffn(
                 h, tables=self.tables[j], predictor=self.predictors[j], k=self.runtime.sparse_ffn_k, lora=lora,
                 up=lambda v: self._lin(j, "up", v), down=lambda v: self._lin(j, "down", v),

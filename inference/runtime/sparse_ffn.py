@@ -5,9 +5,9 @@ up-projection and fitted to real pre-activations) scores every neuron cheaply; o
 top-k neurons' rows of the up- and down-projections are gathered and multiplied.
 Masking a dense product would save nothing (DESIGN.md), so decode steps gather.
 
-For a prompt's many tokens at once a dense product plus a mask of the same selected
-neurons is faster than gathering ``tokens × k`` rows; both paths compute the same
-function, so prefill and decode agree.
+The executor uses it for decode steps only (prefill runs the dense FFN). For a decode
+step over many sequences a dense product plus a mask of the same selected neurons is
+faster than gathering ``rows × k`` rows; both paths compute the same function.
 """
 
 from __future__ import annotations

@@ -80,10 +80,21 @@ def test_sparse_ffn_with_k_equal_d_ff_equals_dense(tiny_bundle):
     assert (lp_dense - lp_sparse).abs().max().item() <= 1e-4
 
 
-def test_sparse_ffn_small_k_changes_the_computation(tiny_bundle):
-    full = _prefill_logits(tiny_bundle, RuntimeConfig(), PROMPTS[0])
-    small = _prefill_logits(tiny_bundle, RuntimeConfig(sparse_ffn_k=8), PROMPTS[0])
+def _decode_logits(bundle, runtime, prompt):
+    ex = Executor(bundle.model, runtime=runtime, predictors=bundle.predictors)
+    pool = ex.new_pool(1)
+    ids = bundle.tokenizer.encode(prompt)
+    ex.prefill(ids, pool=pool, slot=0)
+    return ex.decode([ids[-1]], pool=pool, slots=[0], lengths=[len(ids)], adapters=[0])
+
+
+def test_sparse_ffn_small_k_changes_decode_not_prefill(tiny_bundle):
+    """Decode steps gather k neurons; the prompt runs the dense FFN (by design)."""
+    full = _decode_logits(tiny_bundle, RuntimeConfig(), PROMPTS[0])
+    small = _decode_logits(tiny_bundle, RuntimeConfig(sparse_ffn_k=8), PROMPTS[0])
     assert (full - small).abs().max().item() > 1e-3
+    dense_prefill = _prefill_logits(tiny_bundle, RuntimeConfig(), PROMPTS[0])
+    assert (dense_prefill - _prefill_logits(tiny_bundle, RuntimeConfig(sparse_ffn_k=8), PROMPTS[0])).abs().max().item() <= 1e-5
 
 
 def test_lora_adapter_with_zero_b_equals_base(tiny_bundle):

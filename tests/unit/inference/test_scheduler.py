@@ -31,7 +31,11 @@ def test_adaptive_waits_briefly_at_high_load_and_joins_running_batches():
     assert s.target_batch() > 2
     d = s.schedule(waiting_since=[0.5], running=0, now=0.5)
     assert d.admit == 0 and 0.5 < d.wake_at <= 0.5 + 2 * 0.005  # at most two decode steps
-    assert s.schedule(waiting_since=[0.5, 0.501], running=3, now=0.501).admit == 2  # continuous batching
+    # continuous batching: newcomers join a running batch in groups (one shared prefill)
+    assert s.schedule(waiting_since=[0.5, 0.5, 0.501, 0.501], running=3, now=0.501).admit == 4
+    d = s.schedule(waiting_since=[0.5, 0.501], running=3, now=0.501)
+    assert d.admit == 0 and d.wake_at <= 0.5 + 4 * 0.005  # a short group waits a few steps at most
+    assert s.schedule(waiting_since=[0.5, 0.501], running=3, now=0.5 + 4 * 0.005).admit == 2
     assert s.schedule(waiting_since=[0.5] * 9, running=8, now=0.6).admit == 0  # full
 
 

@@ -1,13 +1,37 @@
-"""Flink job draining a pre-filled topic: events/s of the pure-SQL window job.
+"""Flink job draining a pre-filled topic: events/s of the pure-SQL window job, and where the time goes.
 
     .venv/bin/python benchmarks/bench_flink.py --events 5000000
+    .venv/bin/python benchmarks/bench_flink.py --events 1000000 --variants job,no-dedup,no-late,no-percentile
 
-Starts a local broker (or uses --bootstrap), pre-fills a fresh inference topic with
-``--events`` valid inference events spread over event time, then runs the real job
-(bounded: it stops at the offsets that were the latest at start, exactly-once sinks,
-checkpoints on) in a mini-cluster child process. The job is run twice, on an empty topic
-and on the full one, in the same run; throughput = events / (full − empty) wall time, so
-JVM start-up and the final checkpoint are not counted as processing.
+Starts a local broker (or uses --bootstrap), pre-fills a fresh 3-partition inference topic
+with ``--events`` valid inference events spread over event time (confluent-kafka, several
+processes, pre-rendered JSON: the pre-fill is a tool here, not what is measured), then runs
+each ``--variants`` entry in a mini-cluster child process, bounded (it stops at the offsets
+that were the latest at start), exactly-once sinks, checkpoints on.
+
+Each variant is run on an empty topic and on the full one. Throughput = events /
+(full − empty) of the job's *net runtime* (Flink's own figure: from job submission to its
+end, so JVM start-up and planning are not in it; the empty run's net runtime is the fixed
+cost of scheduling and the last checkpoint). CPU seconds of the child's JVM are read from
+/proc, so ``events per CPU-second`` is also printed: on a shared machine it is the figure
+that survives other people's load. ``uptime`` load average is printed beside each row.
+
+Variants (``job`` is exactly what production runs; the others each take one thing away or
+change one setting, to see what it costs):
+
+- before          the SQL and configuration before the 2026-12-03 fixes (flink_before_transform.sql,
+                  mini-batch on): window GROUP BY event_id de-dup, duplicated sub-plans
+- job             the production SQL and configuration
+- no-late         without the per-partition late rule (no OVER aggregate); watermark rule only
+- no-percentile   MAX instead of PERCENTILE in the window aggregates
+- no-rum          without the RUM interval join and its window aggregate
+- source-only     read + parse JSON + validity filter into a blackhole sink
+- plain-tumble    one 10 s TUMBLE COUNT/SUM per (experiment, variant), nothing else
+- rocksdb         the job on RocksDB state with incremental checkpoints
+- object-reuse    the job with pipeline.object-reuse = true
+- minibatch       the job with mini-batch on (as before)
+- ckpt-30s        the job with 30 s checkpoints instead of 5 s
+- p2              the job at parallelism 2
 """
 
 from __future__ import annotations
@@ -17,48 +41,243 @@ import json
 import multiprocessing
 import os
 import random
+import re
+import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
+BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
-def _produce(args: tuple[str, str, int, int, int]) -> int:
-    bootstrap, topic, count, seed, events_per_s = args
-    from kafka import KafkaProducer
 
-    rng = random.Random(seed)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=50, batch_size=512 * 1024,
-                             compression_type="lz4")
-    base_ms = 1_767_225_600_000
-    for i in range(count):
-        ts_ms = base_ms + (i * 1000) // events_per_s
-        trace = uuid.uuid4().hex
+# --- pre-fill ---------------------------------------------------------------------------
+
+def _produce(args: tuple[str, str, int, int, int, int]) -> int:
+    """Write ``count`` events (indices first, first + step, ...) with confluent-kafka."""
+    bootstrap, topic, first, step, count, events_per_s = args
+    from confluent_kafka import Producer
+
+    rng = random.Random(first)
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "1", "linger.ms": 50, "batch.size": 1_000_000,
+                         "compression.type": "lz4", "queue.buffering.max.messages": 500_000})
+    stamp_cache: dict[int, str] = {}
+    for k in range(count):
+        i = first + k * step
+        ts_ms = BASE_MS + (i * 1000) // events_per_s
+        second = ts_ms // 1000
+        stamp = stamp_cache.get(second)
+        if stamp is None:
+            stamp = stamp_cache[second] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        trace = uuid.UUID(int=rng.getrandbits(128)).hex
         ttft = rng.randint(20, 400) / 4
-        value = json.dumps({
-            "v": 1, "type": "inference", "event_id": trace, "trace_id": trace,
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts_ms // 1000)) + f".{ts_ms % 1000:03d}Z",
-            "experiment": "bench", "variant": "ab"[i % 2], "unit_id": f"u{i % 1000}", "ttft_ms": ttft,
-            "e2e_ms": ttft + rng.randint(0, 4000) / 4, "tpot_ms": 1.5, "prompt_tokens": 100, "output_tokens": 20,
-            "device_s": 0.01, "cost_usd": 0.0001, "price_version": "p1", "strategy": "s",
-        }, separators=(",", ":")).encode()
-        producer.send(topic, key=trace.encode(), value=value)
-    producer.flush()
-    producer.close()
+        value = ('{"v":1,"type":"inference","event_id":"%s","trace_id":"%s","ts":"%s.%03dZ","experiment":"bench",'
+                 '"variant":"%s","unit_id":"u%d","ttft_ms":%r,"e2e_ms":%r,"tpot_ms":1.5,"prompt_tokens":100,'
+                 '"output_tokens":20,"device_s":0.01,"cost_usd":0.0001,"price_version":"p1","strategy":"s"}') % (
+            trace, trace, stamp, ts_ms % 1000, "ab"[i % 2], i % 1000, ttft, ttft + rng.randint(0, 4000) / 4)
+        while True:
+            try:
+                producer.produce(topic, value=value.encode(), key=trace.encode())
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if k % 10_000 == 0:
+            producer.poll(0)
+    if producer.flush(120) != 0:
+        raise RuntimeError("pre-fill producer did not deliver every event")
     return count
 
 
+def prefill(bootstrap: str, topic: str, events: int, producers: int, rate: int) -> float:
+    started = time.perf_counter()
+    jobs = [(bootstrap, topic, p, producers, len(range(p, events, producers)), rate) for p in range(producers)]
+    with multiprocessing.get_context("spawn").Pool(producers) as pool:
+        produced = sum(pool.map(_produce, jobs))
+    assert produced == events
+    return time.perf_counter() - started
+
+
+# --- variants -----------------------------------------------------------------------------
+
+BEFORE_SQL = Path(__file__).with_name("flink_before_transform.sql")
+_PERCENTILE = re.compile(r"PERCENTILE\((\w+), ARRAY\[0\.5, 0\.95, 0\.99\]\)")
+_OVER = re.compile(r"MAX\(ts\) OVER \(PARTITION BY kafka_partition ORDER BY arrival\s+ROWS BETWEEN UNBOUNDED "
+                   r"PRECEDING AND CURRENT ROW\)")
+
+
+def _before(statements: list[str], config) -> list[str]:
+    """The transformation as it was before this benchmark's fixes (2026-12-02)."""
+    from ablab.streaming.flink import job
+
+    transform = job.split_statements(job.render(BEFORE_SQL.read_text(), config.sql_parameters()))
+    names = job.statements(config, parts=("transform",))
+    return [s for s in statements if s not in names and not s.upper().startswith("INSERT")] + transform + [
+        s for s in statements if s.upper().startswith("INSERT")]
+
+
+def _no_late(statements: list[str], config) -> list[str]:
+    # seen_watermark = ts - bound: the per-partition rule never fires and the OVER aggregate
+    # is gone; the watermark comparison stays.
+    return [_OVER.sub("ts", s) for s in statements]
+
+
+def _no_percentile(statements: list[str], config) -> list[str]:
+    return [_PERCENTILE.sub(r"ARRAY[MAX(\1), MAX(\1), MAX(\1)]", s) for s in statements]
+
+
+def _no_rum(statements: list[str], config) -> list[str]:
+    return [s for s in statements if not s.startswith("INSERT INTO rum_window_sink")]
+
+
+def _source_only(statements: list[str], config) -> list[str]:
+    kept = [s for s in statements if not s.upper().startswith("INSERT")]
+    kept.append("CREATE TEMPORARY TABLE bench_blackhole (event_id STRING, ts TIMESTAMP_LTZ(3), e2e_ms DOUBLE) "
+                "WITH ('connector' = 'blackhole')")
+    kept.append("INSERT INTO bench_blackhole SELECT event_id, ts, e2e_ms FROM inference_events "
+                "WHERE event_id IS NOT NULL AND ts IS NOT NULL AND experiment IS NOT NULL")
+    return kept
+
+
+def _plain_tumble(statements: list[str], config) -> list[str]:
+    kept = [s for s in statements if not s.upper().startswith("INSERT")]
+    kept.append("CREATE TEMPORARY TABLE bench_blackhole (experiment STRING, `variant` STRING, "
+                "window_start TIMESTAMP(3), n BIGINT, e2e_sum DOUBLE) WITH ('connector' = 'blackhole')")
+    kept.append("INSERT INTO bench_blackhole SELECT experiment, `variant`, window_start, COUNT(*), SUM(e2e_ms) "
+                "FROM TABLE(TUMBLE(TABLE inference_events, DESCRIPTOR(ts), INTERVAL '10' SECOND)) "
+                "GROUP BY window_start, window_end, experiment, `variant`")
+    return kept
+
+
+_BEFORE_CONF = {"table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "500 ms",
+                "table.exec.mini-batch.size": "5000"}
+_ROCKSDB = {"state.backend.type": "rocksdb", "execution.checkpointing.incremental": "true"}
+
+VARIANTS: dict[str, tuple] = {
+    # name: (statement transform or None, extra Flink configuration, parallelism)
+    "before": (_before, _BEFORE_CONF, 1),
+    "job": (None, {}, 1),
+    "no-late": (_no_late, {}, 1),
+    "no-percentile": (_no_percentile, {}, 1),
+    "no-rum": (_no_rum, {}, 1),
+    "source-only": (_source_only, {}, 1),
+    "plain-tumble": (_plain_tumble, {}, 1),
+    "rocksdb": (None, _ROCKSDB, 1),
+    "object-reuse": (None, {"pipeline.object-reuse": "true"}, 1),
+    "minibatch": (None, _BEFORE_CONF, 1),
+    "ckpt-30s": (None, {"execution.checkpointing.interval": "30 s"}, 1),
+    "p2": (None, {}, 2),
+}
+
+
+def _children() -> list[tuple[int, float]]:
+    """(pid, user + system CPU seconds) of this process's children (the PyFlink JVM), from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    found = []
+    me = str(os.getpid())
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == me:  # ppid
+            found.append((int(stat.parent.name), (int(fields[11]) + int(fields[12])) / ticks))
+    return found
+
+
+def _jvm_cpu_seconds() -> float:
+    return sum(cpu for _, cpu in _children())
+
+
+def child(args: argparse.Namespace) -> None:
+    """Run one variant on one topic and print one JSON line with its timings."""
+    from ablab.streaming.flink import job
+    from ablab.streaming.flink.harness import PipelineTopics, job_config
+
+    transform, extra, parallelism = VARIANTS[args.child]
+    topics = PipelineTopics(args.prefix)
+    config = job_config(topics, bootstrap=args.bootstrap, checkpoint_dir=Path(args.checkpoint_dir), bounded=True,
+                        checkpoint_interval_s=5.0, parallelism=parallelism, restore=False,
+                        transactional_id_prefix=f"{args.prefix}-{args.child}")
+    conf = job.flink_configuration(config, connector_jar=job._connector_jar())
+    conf.update(extra)
+    statements = job.statements(config)
+    if transform is not None:
+        statements = transform(statements, config)
+    jfr_file = os.environ.get("BENCH_JFR")  # read before PyFlink touches the environment
+    t0 = time.perf_counter()
+    env = job.create_table_environment(conf)
+    statement_set = env.create_statement_set()
+    for statement in statements:
+        if statement.upper().startswith("INSERT"):
+            statement_set.add_insert_sql(statement)
+        else:
+            env.execute_sql(statement)
+    result = statement_set.execute()
+    execution = result.get_job_client().get_job_execution_result().result()
+    wall = time.perf_counter() - t0
+    if jfr_file:  # the recording started by -XX:StartFlightRecording (see run_variant)
+        for pid, _ in _children():
+            dump = subprocess.run(["jcmd", str(pid), "JFR.dump", f"filename={jfr_file}"],
+                                  capture_output=True, text=True, timeout=300)
+            print(f"jcmd {pid}: exit {dump.returncode} {dump.stdout.strip()[-300:]} {dump.stderr.strip()[-300:]}")
+    print("RESULT " + json.dumps({"net_s": execution.get_net_runtime() / 1000, "wall_s": wall,
+                                  "cpu_s": _jvm_cpu_seconds()}), flush=True)
+
+
+def run_variant(variant: str, prefix: str, bootstrap: str, workdir: Path, heap: str, *, jfr: bool = False) -> dict:
+    log = workdir / f"{variant}-{prefix}.log"
+    env = dict(os.environ, JVM_ARGS=heap, FLINK_LOG_DIR=str(log.with_suffix(".jvm")))
+    if jfr:  # a JDK Flight Recorder profile of the job's JVM, for `jfr print`
+        env["JVM_ARGS"] += " -XX:StartFlightRecording=settings=profile"
+        env["BENCH_JFR"] = str(workdir / f"{variant}.jfr")
+    cmd = [sys.executable, __file__, "--child", variant, "--prefix", prefix, "--bootstrap", bootstrap,
+           "--checkpoint-dir", str(workdir / f"ckpt-{variant}-{prefix}")]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        try:
+            rc = proc.wait(timeout=3600)
+        finally:
+            deadline = time.monotonic() + 20  # the JVM exits after its Python parent (and writes its JFR file)
+            try:
+                while time.monotonic() < deadline:
+                    os.killpg(proc.pid, 0)
+                    time.sleep(0.2)
+                os.killpg(proc.pid, 9)
+            except ProcessLookupError:
+                pass
+    text = log.read_text(errors="replace")
+    lines = [line for line in text.splitlines() if line.startswith("RESULT ")]
+    if rc != 0 or not lines:
+        raise RuntimeError(f"variant {variant} on {prefix} failed (exit {rc}):\n{text[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=5_000_000)
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--rate", type=int, default=20_000, help="event-time events per second in the data")
+    parser.add_argument("--variants", default="job", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--heap", default=os.environ.get("JVM_ARGS", "-Xmx1g"), help="JVM_ARGS of the job")
+    parser.add_argument("--jfr", action="store_true", help="record a JFR profile of each full run (in the work dir)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--prefix", help=argparse.SUPPRESS)
+    parser.add_argument("--checkpoint-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.child:
+        child(args)
+        return
+    variants = args.variants.split(",")
+    unknown = [v for v in variants if v not in VARIANTS]
+    if unknown:
+        parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
 
-    from ablab.streaming.flink.harness import FlinkProcess, PipelineTopics, job_config
+    from ablab.streaming.flink.harness import PipelineTopics
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-flink-"))
+    print(f"work dir {workdir}", flush=True)
     broker_dir = None
     bootstrap = args.bootstrap
     if bootstrap is None:
@@ -66,35 +285,29 @@ def main() -> None:
 
         broker_dir = workdir / "kafka"
         config = BrokerConfig(directory=broker_dir, port=free_port(), heap_mb=512)
-        bootstrap = start_broker(config=config).bootstrap or config.bootstrap
+        bootstrap = start_broker(config=config, topics=()).bootstrap or config.bootstrap
     try:
         empty, full = PipelineTopics.unique("benche"), PipelineTopics.unique("benchf")
         empty.create(bootstrap=bootstrap)
         full.create(bootstrap=bootstrap)
-        started = time.perf_counter()
-        per = args.events // args.producers
-        with multiprocessing.Pool(args.producers) as pool:
-            produced = sum(pool.map(_produce, [(bootstrap, full.inference, per, seed, args.rate)
-                                               for seed in range(args.producers)]))
-        fill_s = time.perf_counter() - started
-        print(f"pre-filled {produced:,} events in {fill_s:.1f}s ({produced / fill_s:,.0f}/s with {args.producers} producers)")
-
-        timings = {}
-        for label, topics in (("empty", empty), ("full", full)):
-            job = FlinkProcess(job_config(topics, bootstrap=bootstrap, checkpoint_dir=workdir / f"ckpt-{label}",
-                                          bounded=True, checkpoint_interval_s=5.0),
-                               log_path=workdir / f"flink-{label}.log")
-            t0 = time.perf_counter()
-            job.start()
-            rc = job.wait(timeout_s=3600)
-            timings[label] = time.perf_counter() - t0
-            print(f"job on {label} topic: exit {rc}, {timings[label]:.1f}s")
-            if rc != 0:
-                print(job.log_tail())
-        processing = timings["full"] - timings["empty"]
-        print(f"processing time {processing:.1f}s for {produced:,} events -> {produced / processing:,.0f} events/s "
-              f"(end to end incl. start-up: {produced / timings['full']:,.0f} events/s)")
-        print(f"machine: {os.cpu_count()} cores; JVM_ARGS={os.environ.get('JVM_ARGS', '-Xmx512m')}; parallelism 1")
+        print(f"load before pre-fill: {os.getloadavg()[0]:.2f}", flush=True)
+        fill_s = prefill(bootstrap, full.inference, args.events, args.producers, args.rate)
+        print(f"pre-filled {args.events:,} events in {fill_s:.1f}s ({args.events / fill_s:,.0f}/s, "
+              f"{args.producers} confluent-kafka processes); load {os.getloadavg()[0]:.2f}", flush=True)
+        print(f"machine: {os.cpu_count()} cores; JVM_ARGS={args.heap}; event time {args.rate:,} events/s "
+              f"({args.rate * 10:,} per 10 s window); checkpoints every 5 s", flush=True)
+        print(f"{'variant':<14}{'empty s':>9}{'full s':>9}{'events/s':>11}{'JVM cpu s':>11}{'ev/cpu-s':>10}"
+              f"{'load 1m':>9}", flush=True)
+        for variant in variants:
+            # Each variant gets its own consumer group / transactional ids (unique prefix per run).
+            base = run_variant(variant, empty.prefix, bootstrap, workdir, args.heap)
+            loaded = os.getloadavg()[0]
+            run = run_variant(variant, full.prefix, bootstrap, workdir, args.heap, jfr=args.jfr)
+            loaded = (loaded + os.getloadavg()[0]) / 2
+            processing = run["net_s"] - base["net_s"]
+            cpu = run["cpu_s"] - base["cpu_s"]
+            print(f"{variant:<14}{base['net_s']:>9.1f}{run['net_s']:>9.1f}{args.events / processing:>11,.0f}"
+                  f"{cpu:>11.1f}{args.events / cpu:>10,.0f}{loaded:>9.2f}", flush=True)
     finally:
         if broker_dir is not None:
             from ablab.streaming.kafka.broker import stop_broker

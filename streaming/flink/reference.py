@@ -66,12 +66,17 @@ def kafka_partition(key: str, partitions: int) -> int:
 
 
 def late_ids(arrivals: Iterable[dict[str, Any]], *, out_of_orderness_ms: int, partitions: int) -> set[str]:
-    """event_ids the job classes as late: ts at or behind (largest ts read before it, or
+    """event_ids the job classes as late: the first arrival of each event_id (later copies
+    are dropped before the rule) whose ts is at or behind (largest ts read before it, or
     itself, from the same partition) minus the bound. ``arrivals`` in production order,
-    keyed by trace_id as the producers do, which is each partition's read order."""
+    keyed by trace_id as the producers do, which is each partition's read order.
+
+    The job also classes as late an event at or behind the current watermark; with
+    partitions that never go idle (``idle_timeout_s = 0``) that adds nothing, since the
+    watermark never passes a partition's own largest ts minus the bound."""
     late: set[str] = set()
     max_ts: dict[int, int] = {}
-    for event in arrivals:
+    for event in dedup(arrivals):
         partition = kafka_partition(event.get("trace_id") or event["event_id"], partitions)
         ts = parse_ms(event["ts"])
         max_ts[partition] = max(max_ts.get(partition, ts), ts)
@@ -111,17 +116,18 @@ def inference_windows(inference: Iterable[dict[str, Any]], *, late_ids: set[str]
 def rum_windows(
     rum: Iterable[dict[str, Any]], inference: Iterable[dict[str, Any]], *, late_ids: set[str], horizon_ms: int,
 ) -> dict[tuple[str, str, int], dict[str, Any]]:
-    """RUM rows: each on-time RUM event counted in its on-time inference event's window."""
+    """RUM rows: each on-time RUM event whose ts is within ``horizon_ms`` of its on-time
+    inference event's ts, counted in that inference event's window."""
     by_trace = {e["trace_id"]: e for e in dedup(inference) if e["event_id"] not in late_ids}
     groups: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     for event in dedup(rum):
         if event["event_id"] in late_ids or event["trace_id"] not in by_trace:
             continue
         request = by_trace[event["trace_id"]]
-        request_wt = window_time_ms(parse_ms(request["ts"]))
-        if abs(window_time_ms(parse_ms(event["ts"])) - request_wt) > horizon_ms:
+        request_ts = parse_ms(request["ts"])
+        if abs(parse_ms(event["ts"]) - request_ts) > horizon_ms:
             continue
-        groups[(request["experiment"], request["variant"], window_start_ms(request_wt))].append(event["e2e_ms"])
+        groups[(request["experiment"], request["variant"], window_start_ms(request_ts))].append(event["e2e_ms"])
     rows = {}
     for key, values in groups.items():
         p50, p95, p99 = _percentiles(values)

@@ -1,63 +1,87 @@
 -- The transformation, kept apart from sources and sinks so it runs on bounded input in
 -- tests. Window: 10 s TUMBLE on event time. Late-data policy (also in job.py):
---   * an event is LATE when its ts is more than the out-of-orderness bound behind the
---     largest ts read before it from the same Kafka partition. The watermark (min over
---     partitions of max ts - bound) never passes an on-time event's window, so the window
---     never drops an on-time event, and late events go to late_rows, never into a window.
---     The rule depends only on each partition's order, so it is reproducible offline;
---   * duplicates (same event_id, e.g. a producer retry) count once: the first window
---     aggregation groups by event_id, the second aggregates the deduplicated rows;
---   * RUM joins its inference event by trace_id and counts in that event's window/variant;
+--   * duplicates (same event_id, e.g. a producer retry or a spool replay) count once: the
+--     first arrival of each event_id is kept (Flink's deduplication, one flag of state per
+--     event_id, kept for table.exec.state.ttl = JobConfig.dedup_ttl_s), before anything else;
+--   * an event is LATE when its ts is at or more than the out-of-orderness bound behind the
+--     largest ts read before it from the same Kafka partition (reproducible offline from each
+--     partition's order), OR when its ts is at or behind the current watermark (an event on
+--     a partition that was idle and woke up behind the watermark: its window may already be
+--     closed). Late events go to late_rows, never into a window; every other event is ahead
+--     of the watermark, so its window is still open and counts it. Nothing is dropped;
+--   * RUM joins its inference event by trace_id (event times within the RUM horizon) and
+--     counts in that inference event's window and variant;
 --   * feedback is never windowed here (labels arrive minutes late): it is attributed to
 --     its request's window and variant in ClickHouse by trace_id (store/queries.py).
+-- Performance (docs/benchmarks/pipeline.md): each view below is planned once and shared by
+-- every INSERT (sub-plan reuse), so each event crosses each keyed exchange once; mini-batch
+-- stays off because it makes the deduplication emit updates (retracting aggregates).
 
-CREATE TEMPORARY VIEW inference_valid AS
-SELECT *,
-       MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
-                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - INTERVAL '${out_of_orderness_s}' SECOND AS seen_watermark
-FROM inference_events
-WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
-  AND experiment IS NOT NULL AND `variant` IS NOT NULL
-  AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
-  AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL;
+CREATE TEMPORARY VIEW inference_first AS
+SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
+       cost_usd, is_error, kafka_partition, arrival
+FROM (
+    SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
+           cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, arrival,
+           ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
+    FROM inference_events
+    WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
+      AND experiment IS NOT NULL AND `variant` IS NOT NULL
+      AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
+      AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL
+)
+WHERE arrival_rank = 1;
 
-CREATE TEMPORARY VIEW rum_valid AS
+CREATE TEMPORARY VIEW rum_first AS
+SELECT event_id, ts, trace_id, e2e_ms, kafka_partition, arrival
+FROM (
+    SELECT event_id, ts, trace_id, e2e_ms, kafka_partition, arrival,
+           ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
+    FROM rum_events
+    WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL AND e2e_ms IS NOT NULL
+)
+WHERE arrival_rank = 1;
+
+-- seen_watermark: the partition's largest ts so far minus the bound (a plain timestamp,
+-- not an event-time attribute, hence the CAST).
+CREATE TEMPORARY VIEW inference_checked AS
 SELECT *,
-       MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
-                     ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - INTERVAL '${out_of_orderness_s}' SECOND AS seen_watermark
-FROM rum_events
-WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL AND e2e_ms IS NOT NULL;
+       ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
+FROM (
+    SELECT *,
+           CAST(MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
+    FROM inference_first
+);
+
+CREATE TEMPORARY VIEW rum_checked AS
+SELECT *,
+       ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
+FROM (
+    SELECT *,
+           CAST(MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
+    FROM rum_first
+);
 
 CREATE TEMPORARY VIEW late_rows AS
-SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`, ts,
-       seen_watermark AS `watermark`, e2e_ms
-FROM inference_valid
-WHERE ts <= seen_watermark
+SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`,
+       CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms
+FROM inference_checked
+WHERE is_late
 UNION ALL
 SELECT 'late' AS kind, 'rum' AS event_type, event_id, trace_id, CAST(NULL AS STRING) AS experiment,
-       CAST(NULL AS STRING) AS `variant`, ts, seen_watermark AS `watermark`, e2e_ms
-FROM rum_valid
-WHERE ts <= seen_watermark;
+       CAST(NULL AS STRING) AS `variant`, CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms
+FROM rum_checked
+WHERE is_late;
 
 CREATE TEMPORARY VIEW inference_on_time AS
-SELECT * FROM inference_valid WHERE ts > seen_watermark;
+SELECT * FROM inference_checked WHERE NOT is_late;
 
 CREATE TEMPORARY VIEW rum_on_time AS
-SELECT * FROM rum_valid WHERE ts > seen_watermark;
-
--- One row per event_id and window; window_time (window end - 1 ms) carries event time on.
-CREATE TEMPORARY VIEW inference_dedup AS
-SELECT window_time AS rt, experiment, `variant`, event_id, trace_id,
-       MAX(ttft_ms) AS ttft_ms, MAX(e2e_ms) AS e2e_ms, MAX(tpot_ms) AS tpot_ms,
-       MAX(prompt_tokens) AS prompt_tokens, MAX(output_tokens) AS output_tokens,
-       MAX(cost_usd) AS cost_usd, MAX(CASE WHEN `error` IS NULL THEN 0 ELSE 1 END) AS is_error
-FROM TABLE(TUMBLE(TABLE inference_on_time, DESCRIPTOR(ts), INTERVAL '10' SECOND))
-GROUP BY window_start, window_end, window_time, experiment, `variant`, event_id, trace_id;
-
-CREATE TEMPORARY VIEW rum_dedup AS
-SELECT window_time AS rt, event_id, trace_id, MAX(e2e_ms) AS e2e_ms
-FROM TABLE(TUMBLE(TABLE rum_on_time, DESCRIPTOR(ts), INTERVAL '10' SECOND))
-GROUP BY window_start, window_end, window_time, event_id, trace_id;
+SELECT * FROM rum_checked WHERE NOT is_late;
 
 CREATE TEMPORARY VIEW inference_window_stats AS
 SELECT kind, experiment, `variant`, window_start, window_end, n, errors,
@@ -83,17 +107,17 @@ FROM (
            PERCENTILE(e2e_ms, ARRAY[0.5, 0.95, 0.99]) AS e2e_q,
            PERCENTILE(ttft_ms, ARRAY[0.5, 0.95, 0.99]) AS ttft_q,
            CURRENT_TIMESTAMP AS emitted_at
-    FROM TABLE(TUMBLE(TABLE inference_dedup, DESCRIPTOR(rt), INTERVAL '10' SECOND))
+    FROM TABLE(TUMBLE(TABLE inference_on_time, DESCRIPTOR(ts), INTERVAL '10' SECOND))
     GROUP BY window_start, window_end, experiment, `variant`
 );
 
--- RUM counted in its inference event's window: the interval join matches deduplicated
--- rows whose window times lie within the RUM horizon of each other.
+-- RUM counted in its inference event's window: the interval join matches on-time RUM and
+-- inference events of one trace_id whose event times lie within the RUM horizon.
 CREATE TEMPORARY VIEW rum_joined AS
-SELECT i.rt AS rt, i.experiment, i.`variant`, r.e2e_ms
-FROM rum_dedup r, inference_dedup i
+SELECT i.ts AS rt, i.experiment, i.`variant`, r.e2e_ms
+FROM rum_on_time r, inference_on_time i
 WHERE r.trace_id = i.trace_id
-  AND r.rt BETWEEN i.rt - INTERVAL '${rum_horizon_s}' SECOND AND i.rt + INTERVAL '${rum_horizon_s}' SECOND;
+  AND r.ts BETWEEN i.ts - INTERVAL '${rum_horizon_s}' SECOND AND i.ts + INTERVAL '${rum_horizon_s}' SECOND;
 
 CREATE TEMPORARY VIEW rum_window_stats AS
 SELECT kind, experiment, `variant`, window_start, window_end, n, e2e_sum, e2e_sumsq,

@@ -492,15 +492,22 @@ def reconcile(expected: dict[str, set[str]], kafka: dict[str, dict[str, Any]], c
 # --------------------------------------------------------------------------- the run
 
 
+DRAIN_STEPS: list[dict[str, Any]] = []
+
+
 def _wait(what: str, check: Any, *, timeout_s: float, progress: Progress, task: Any, poll_s: float = 2.0) -> bool:
-    deadline = time.monotonic() + timeout_s
+    started = time.monotonic()
+    deadline = started + timeout_s
+    note = ""
     while time.monotonic() < deadline:
         done, note = check()
         progress.update(task, description=f"drain: {what} — {note}")
         if done:
+            DRAIN_STEPS.append({"step": what, "reached": True, "s": round(time.monotonic() - started, 1)})
             return True
         time.sleep(poll_s)
-    console.log(f"[yellow]drain: {what} not reached in {timeout_s:.0f} s[/]")
+    console.log(f"[yellow]drain: {what} not reached in {timeout_s:.0f} s ({note})[/]")
+    DRAIN_STEPS.append({"step": what, "reached": False, "s": round(timeout_s), "last": note})
     return False
 
 
@@ -644,6 +651,7 @@ def run(args: argparse.Namespace) -> int:
 
             _wait("loader caught up, windows closed", _loaded, timeout_s=args.drain_timeout_s, progress=progress, task=dtask)
             result["drain_s"] = round(time.monotonic() - drain0, 1)
+            result["drain_steps"] = DRAIN_STEPS
             progress.update(dtask, description="reading every record of the event topics")
             kafka = kafka_view(bootstrap)
         result["ledgers"] = sizes
@@ -746,6 +754,10 @@ def _print_report(result: dict[str, Any]) -> bool:
         if r["lost_ids"] or r["duplicated_ids"]:
             out.print(f"{kind}: lost before Kafka {r['lost_before_kafka']}, after Kafka {r['lost_after_kafka']}; "
                       f"lost ids {r['lost_ids'][:5]}; duplicated ids {r['duplicated_ids'][:5]}")
+    for step in result.get("drain_steps", []):
+        if not step["reached"]:
+            out.print(f"[yellow]drain step not reached in {step['s']} s: {step['step']} ({step.get('last', '')}); "
+                      "what is still in flight counts as lost[/]")
     leaked = result.get("leaked_process_groups")
     ok &= not leaked
     la = result["load_avg"]

@@ -131,6 +131,7 @@ class Engine:
     def _finish(self, req: GenRequest, *, error: str | None = None) -> None:
         req.finished_at = time.perf_counter()
         req.error = error
+        self.scheduler.on_finish(len(req.tokens) + 1)
         if req.slot >= 0:
             self.pool.release(req.slot)
             req.slot = -1

@@ -53,6 +53,7 @@ class Decision:
 class Scheduler:
     config: BatchingConfig
     step_time_s: float = 0.002  # EWMA of one decode step, updated by the engine
+    steps_per_request: float = 8.0  # EWMA of tokens a request generates, updated on finish
     rate: ArrivalRate = field(default_factory=ArrivalRate)
     _static_batch_open: bool = False
 
@@ -62,9 +63,13 @@ class Scheduler:
     def on_step(self, seconds: float) -> None:
         self.step_time_s = 0.9 * self.step_time_s + 0.1 * seconds
 
+    def on_finish(self, tokens: int) -> None:
+        self.steps_per_request = 0.9 * self.steps_per_request + 0.1 * max(tokens, 1)
+
     def target_batch(self) -> int:
-        """Requests expected to arrive while one request decodes (~16 steps), capped."""
-        expected = self.rate.rate * self.step_time_s * 16
+        """Requests expected to arrive while one request decodes, capped: 1 (never wait)
+        until arrivals overlap, i.e. until the load nears batch-1 capacity."""
+        expected = self.rate.rate * self.step_time_s * self.steps_per_request
         return max(1, min(self.config.max_batch, math.ceil(expected)))
 
     def schedule(self, *, waiting_since: list[float], running: int, now: float) -> Decision:

@@ -24,30 +24,59 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 
-def _produce(args: tuple[str, str, int, float, int]) -> int:
-    bootstrap, topic, rate, duration_s, seed = args
-    from kafka import KafkaProducer
-
+def _produce(args: tuple[str, str, int, float, int, str]) -> int:
+    """Send inference events stamped with the current time at ``rate``/s for ``duration_s``."""
+    bootstrap, topic, rate, duration_s, seed, client = args
     rng = random.Random(seed)
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks=1, linger_ms=20, batch_size=256 * 1024,
-                             compression_type="lz4")
+    if client == "confluent":
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                             "linger.ms": 20, "compression.type": "lz4", "queue.buffering.max.messages": 1_000_000})
+
+        def send(key: bytes, value: bytes) -> None:
+            while True:
+                try:
+                    producer.produce(topic, key=key, value=value)
+                    return
+                except BufferError:
+                    producer.poll(0.01)
+
+        def flush() -> None:
+            producer.flush(120)
+    else:
+        from kafka import KafkaProducer
+
+        kp = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, batch_size=256 * 1024,
+                           compression_type="lz4")
+
+        def send(key: bytes, value: bytes) -> None:
+            kp.send(topic, key=key, value=value)
+
+        def flush() -> None:
+            kp.flush()
+            kp.close()
+
     sent, started = 0, time.monotonic()
     while (elapsed := time.monotonic() - started) < duration_s:
         target = int(elapsed * rate)
+        now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         while sent < target:
-            trace = uuid.uuid4().hex
+            trace = uuid.UUID(int=rng.getrandbits(128)).hex
             ttft = rng.randint(20, 400) / 4
-            now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-            producer.send(topic, key=trace.encode(), value=json.dumps({
+            send(trace.encode(), json.dumps({
                 "v": 1, "type": "inference", "event_id": trace, "trace_id": trace, "ts": now,
                 "experiment": "live", "variant": "ab"[sent % 2], "unit_id": f"u{sent % 500}", "ttft_ms": ttft,
                 "e2e_ms": ttft + rng.randint(0, 4000) / 4, "tpot_ms": 1.5, "prompt_tokens": 100,
                 "output_tokens": 20, "device_s": 0.01, "cost_usd": 0.0001, "price_version": "p1", "strategy": "s",
             }, separators=(",", ":")).encode())
             sent += 1
+            if sent % 1000 == 0:
+                now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        if client == "confluent":
+            producer.poll(0)
         time.sleep(0.002)
-    producer.flush()
-    producer.close()
+    flush()
     return sent
 
 
@@ -57,6 +86,10 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=10_000, help="events/s per producer")
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--bootstrap", default=None)
+    parser.add_argument("--client", choices=("confluent", "kafka-python"), default="confluent",
+                        help="producer library of the load generators (kafka-python tops out near 30 k/s per "
+                             "process idle, far less on a loaded box)")
+    parser.add_argument("--heap", default="-Xmx1g", help="JVM_ARGS of the Flink job")
     args = parser.parse_args()
 
     from ablab.streaming.flink.harness import FlinkProcess, PipelineTopics, job_config, wait_for
@@ -75,8 +108,8 @@ def main() -> None:
     apply_ddl(store)
     topics = PipelineTopics.unique("live")
     topics.create(bootstrap=bootstrap)
-    job = FlinkProcess(job_config(topics, bootstrap=bootstrap, checkpoint_dir=workdir / "ckpt"),
-                       log_path=workdir / "flink.log").start()
+    job = FlinkProcess(job_config(topics, bootstrap=bootstrap, checkpoint_dir=workdir / "ckpt", idle_timeout_s=5.0),
+                       log_path=workdir / "flink.log", heap=args.heap).start()
     loader = Loader(store, bootstrap, group_id=f"{topics.prefix}-loader", topics=(topics.inference, topics.windows),
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter)
     stop = threading.Event()
@@ -86,26 +119,50 @@ def main() -> None:
         time.sleep(25)  # let the mini-cluster start before the clock runs
         started = time.monotonic()
         with multiprocessing.Pool(args.producers) as pool:
-            sent = sum(pool.map(_produce, [(bootstrap, topics.inference, args.rate, args.duration, seed)
+            sent = sum(pool.map(_produce, [(bootstrap, topics.inference, args.rate, args.duration, seed, args.client)
                                            for seed in range(args.producers)]))
+        load_sending = os.getloadavg()[0]
         send_s = time.monotonic() - started
 
         def raw_count() -> int:
-            return store.query("SELECT count() FROM raw_events").result_rows[0][0]
+            return store.query("SELECT count() FROM raw_events WHERE experiment = 'live'").result_rows[0][0]
 
-        wait_for(lambda: raw_count() >= sent, timeout_s=600, what="the loader to catch up")
-        loaded_s = time.monotonic() - started
-        time.sleep(15)  # the last complete windows
+        def windowed() -> int:
+            return store.query("SELECT sum(n) FROM window_stats FINAL WHERE experiment = 'live'").result_rows[0][0] or 0
+
+        # One event per partition an hour ahead closes every window of the run (otherwise the
+        # last window waits for traffic that never comes).
+        from confluent_kafka import Producer
+
+        closer = Producer({"bootstrap.servers": bootstrap})
+        ahead = datetime.fromtimestamp(time.time() + 3600, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        for partition in range(3):
+            trace = uuid.uuid4().hex
+            closer.produce(topics.inference, partition=partition, key=trace.encode(), value=json.dumps({
+                "v": 1, "type": "inference", "event_id": trace, "trace_id": trace, "ts": ahead, "experiment": "flush",
+                "variant": "a", "unit_id": "u", "ttft_ms": 1.0, "e2e_ms": 2.0, "prompt_tokens": 1, "output_tokens": 1,
+                "device_s": 0.0, "cost_usd": 0.0, "price_version": "p1", "strategy": "s"}).encode())
+        closer.flush(30)
+        wait_for(lambda: raw_count() >= sent, timeout_s=900, what="the loader to catch up")
+        raw_s = time.monotonic() - started
+        wait_for(lambda: windowed() >= sent, timeout_s=900, what="every event in a window row in ClickHouse")
+        windows_s = time.monotonic() - started
+        send_end_ms = int((time.time() - (windows_s - send_s)) * 1000)
         fresh = store.query(
             "SELECT quantile(0.5)(f), quantile(0.95)(f), max(f), count() FROM "
-            "(SELECT dateDiff('millisecond', window_end, loaded_at) / 1000 AS f FROM window_stats FINAL)"
+            "(SELECT dateDiff('millisecond', window_end, loaded_at) / 1000 AS f FROM window_stats FINAL "
+            " WHERE experiment = 'live' AND toUnixTimestamp64Milli(window_end) <= {end:Int64})",
+            parameters={"end": send_end_ms},
         ).result_rows[0]
-        windowed = store.query("SELECT sum(n) FROM window_stats FINAL").result_rows[0][0]
+        total = windowed()
         print(f"sent {sent:,} events in {send_s:.1f}s: {sent / send_s:,.0f} events/s ({args.producers} producers)")
-        print(f"loaded {sent:,} raw events {loaded_s:.1f}s after the start: {sent / loaded_s:,.0f} events/s sustained")
-        print(f"window rows: {fresh[3]} windows, {windowed:,} events windowed (the open last windows excluded)")
-        print(f"freshness window_end -> queryable: p50 {fresh[0]:.2f}s  p95 {fresh[1]:.2f}s  max {fresh[2]:.2f}s")
-        print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches}")
+        print(f"raw events in ClickHouse {raw_s:.1f}s after the start: {sent / raw_s:,.0f} events/s (loader path)")
+        print(f"every event in a window row in ClickHouse {windows_s:.1f}s after the start: {sent / windows_s:,.0f} "
+              f"events/s through Flink (windowed {total:,} = sent {sent:,}: {total == sent})")
+        print(f"freshness window_end -> queryable over {fresh[3]} windows that closed while sending: "
+              f"p50 {fresh[0]:.2f}s  p95 {fresh[1]:.2f}s  max {fresh[2]:.2f}s")
+        print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches}; load average 1 min "
+              f"{load_sending:.2f} at the end of sending, {os.getloadavg()[0]:.2f} now; producers: {args.client}")
     finally:
         job.stop()
         stop.set()

@@ -1,4 +1,4 @@
-"""Producer throughput: raw kafka-python vs the ablab Emitter, 1 and N processes.
+"""Producer throughput: raw kafka-python vs the ablab Emitter vs confluent-kafka, 1 and N processes.
 
 Every figure is events acknowledged by a real broker (acks=all, idempotent, lz4) per
 second of wall time, measured side by side in one run so the ratios survive a noisy
@@ -47,6 +47,27 @@ def run_raw(bootstrap: str, n: int, seed: int, barrier, results) -> None:
     producer.close()
 
 
+def run_confluent(bootstrap: str, n: int, seed: int, barrier, results) -> None:
+    """The same load through confluent-kafka (librdkafka), same settings, for reference."""
+    from confluent_kafka import Producer
+
+    values = [(e.trace_id.encode(), e.to_json_bytes()) for e in make_events(n, seed)]
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                         "compression.type": "lz4", "linger.ms": 20, "batch.size": 256 * 1024})
+    barrier.wait()
+    start = time.perf_counter()
+    for key, value in values:
+        while True:
+            try:
+                producer.produce(TOPIC, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.01)
+    if producer.flush(300) != 0:
+        raise SystemExit("confluent-kafka did not deliver every event")
+    results.put((start, time.perf_counter(), n, 0))
+
+
 def run_emitter(bootstrap: str, n: int, seed: int, barrier, results) -> None:
     from ablab.streaming.kafka.emitter import Emitter, EmitterConfig
 
@@ -70,7 +91,7 @@ def run_emitter(bootstrap: str, n: int, seed: int, barrier, results) -> None:
 
 
 def measure(kind: str, bootstrap: str, processes: int, n: int) -> tuple[float, float]:
-    target = run_raw if kind == "raw" else run_emitter
+    target = {"raw": run_raw, "emitter": run_emitter, "confluent": run_confluent}[kind]
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(processes), ctx.Queue()
     workers = [ctx.Process(target=target, args=(bootstrap, n, seed, barrier, results)) for seed in range(processes)]
@@ -109,9 +130,13 @@ def main() -> None:
         for processes in counts:
             raw, _ = measure("raw", bootstrap, processes, args.events)
             ours, emit_us = measure("emitter", bootstrap, processes, args.events)
+            rdkafka, _ = measure("confluent", bootstrap, processes, args.events)
             print(f"{'raw':<10}{processes:>6}{raw:>12,.0f}{raw / processes:>11,.0f}{'1.00':>8}{'':>11}")
             print(f"{'emitter':<10}{processes:>6}{ours:>12,.0f}{ours / processes:>11,.0f}{ours / raw:>8.2f}"
                   f"{emit_us:>11.1f}")
+            print(f"{'confluent':<10}{processes:>6}{rdkafka:>12,.0f}{rdkafka / processes:>11,.0f}"
+                  f"{rdkafka / raw:>8.2f}{'':>11}", flush=True)
+        print(f"load average 1 min: {os.getloadavg()[0]:.2f}")
     finally:
         if broker is not None:
             stop_broker(directory=broker.directory)

@@ -16,27 +16,26 @@ tests/integration/streaming/test_pipeline_canned.py):
 
 - Watermark = min over Kafka partitions of (largest event time read − ``out_of_orderness_s``,
   default 2 s). Events out of order within that bound land in their own window.
+- Duplicates (one ``event_id`` delivered twice: a producer retry, a spool replay) count
+  once: the first arrival of each event_id is kept, before the late rule; the job remembers
+  an event_id for ``dedup_ttl_s`` (state TTL, processing time).
 - An event is *late* when its ``ts`` is at or more than the bound behind the largest ``ts``
-  read before it from the same partition. Such an event is written as a ``kind = "late"``
-  row to the windows topic and stored in ClickHouse's ``late_events``, never silently
-  dropped and never added to an already emitted window. Every other event is ahead of the
-  watermark, so its window is still open. The rule depends only on each partition's order
-  (producers key by ``trace_id``), so it is reproducible offline
-  (``reference.late_ids``). Per experiment: raw inference events = Σ window ``n`` + late
-  inference events (``queries.reconciliation``).
-- Partitions never go idle by default (``idle_timeout_s = 0``): an idle partition holds
-  the watermark, which keeps the rule above exact; bounded replays and tests use 0.
-  ``ablab stream submit`` (live) defaults to 5 s so silent topics (cost, rum) do not stall
-  every window. Trade-off, not yet closed: an event that reaches a partition after it went
-  idle and after the watermark passed its window is not late by the per-partition rule, so
-  the window operator drops it; it stays in ``raw_events`` (the loader stores raw events),
-  and the reconciliation shows it as a raw-vs-windowed difference, but it is not in
-  ``late_events``. Routing it to late rows needs the late rule to compare against the
-  watermark (CURRENT_WATERMARK) as well; see docs/benchmarks/pipeline.md.
-- Duplicates (one ``event_id`` delivered twice) count once.
+  read before it from the same partition, or when it is at or behind the current
+  watermark. Such an event is written as a ``kind = "late"`` row to the windows topic and
+  stored in ClickHouse's ``late_events``, never silently dropped and never added to an
+  already emitted window. Every other event is ahead of the watermark, so its window is
+  still open. With partitions that never go idle the first rule decides alone (the
+  watermark never passes a partition's own largest ts minus the bound), and it depends
+  only on each partition's order (producers key by ``trace_id``), so it is reproducible
+  offline (``reference.late_ids``). Per experiment: raw inference events = Σ window ``n``
+  + late inference events (``queries.reconciliation``).
+- Partitions never go idle by default (``idle_timeout_s = 0``); bounded replays and tests
+  use 0. ``ablab stream submit`` (live) defaults to 5 s so silent topics (cost, rum) do not
+  stall every window. A partition that wakes up after the watermark moved on without it
+  may deliver events behind the watermark: the second rule sends those to late rows.
 - RUM (client-side latency) is joined to its inference event by ``trace_id`` and counted
-  in that event's window and variant, when their window times lie within
-  ``rum_horizon_s``; RUM outside the horizon, or with no inference event, stays in
+  in that event's window and variant, when their event times lie within
+  ``rum_horizon_s`` of each other; RUM outside the horizon, or with no inference event, stays in
   ``raw_events`` only.
 - Feedback (labels, minutes late) is *not* windowed in Flink: it is attributed to its
   original request's window and variant in ClickHouse at query time, by ``trace_id``
@@ -82,9 +81,8 @@ class JobConfig:
     rum_horizon_s: float = 10.0
     idle_timeout_s: float = 0.0
     """0 (default): a partition without records holds the watermark back. > 0 lets the job
-    move on without an idle partition, at a price: that partition's next events may then be
-    behind the watermark; such events are missed by the window (kept in raw_events only, see
-    the late-data policy above). Live submission uses 5 s."""
+    move on without an idle partition; that partition's next events may then be behind the
+    watermark, and become late rows (the late-data policy above). Live submission uses 5 s."""
     dedup_ttl_s: float = 600.0
     """How long the job remembers an event_id (Flink state TTL, processing time): a
     duplicate arriving later than this after the first copy is not recognised. One flag of

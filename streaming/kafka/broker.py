@@ -174,7 +174,7 @@ def _format_storage(config: BrokerConfig, properties: Path) -> None:
     cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
     done = subprocess.run(
         [*_java_command(config), "kafka.tools.StorageTool", "format", "--standalone",
-         "-t", cluster_id, "-c", str(properties)],
+         f"--cluster-id={cluster_id}", "-c", str(properties)],  # "=": an id may start with "-" (1 in 32)
         capture_output=True, text=True, cwd=config.directory,
     )
     if done.returncode != 0:

@@ -10,8 +10,11 @@ is, and raw = windowed + late.
 
 from __future__ import annotations
 
+import json
 import math
+import random
 import threading
+import time
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -34,8 +37,8 @@ def _ms(moment: datetime) -> int:
     return int(moment.replace(tzinfo=UTC).timestamp() * 1000) if moment.tzinfo is None else int(moment.timestamp() * 1000)
 
 
-def _window_table(client, table: str) -> dict[tuple[str, str, int], dict]:
-    result = client.query(f"SELECT * FROM {table} FINAL WHERE experiment = {{e:String}}", parameters={"e": EXPERIMENT})
+def _window_table(client, table: str, experiment: str = EXPERIMENT) -> dict[tuple[str, str, int], dict]:
+    result = client.query(f"SELECT * FROM {table} FINAL WHERE experiment = {{e:String}}", parameters={"e": experiment})
     rows = {}
     for values in result.result_rows:
         row = dict(zip(result.column_names, values))
@@ -103,7 +106,6 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
 
         wait_for(complete, timeout_s=120, what="all windows and late events", on_timeout=flink.log_tail)
         wait_for(lambda: loader.stats.consumed >= len(stream.feedback), timeout_s=30, what="feedback loaded")
-        import time
         time.sleep(4)  # a last checkpoint's RUM rows and the loader's last batch
     finally:
         producer.close()
@@ -147,3 +149,98 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
     assert balance["late"] == len({e["event_id"] for e in late} & late_ids)
     assert balance["balanced"], balance
     assert loader.stats.dead_lettered == {}
+
+
+def test_event_on_a_reawakened_partition_behind_the_watermark_becomes_a_late_row(kafka_broker, store, tmp_path):
+    """Live mode (idle timeout on): partitions 1 and 2 stay silent, so after the idle timeout
+    the watermark moves on with partition 0 alone and closes the first windows. Then an
+    event for the first window arrives on partition 2. The per-partition rule cannot call
+    it late (it is the largest ts that partition has seen); the watermark rule must, or the
+    closed window would drop it. It must end up in late_events, and raw = windowed + late."""
+    from kafka import KafkaProducer
+
+    experiment = "idle"
+    topics = PipelineTopics.unique("idle")
+    topics.create(bootstrap=kafka_broker, partitions=3)
+    start = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
+    start = start - timedelta(seconds=start.second % 10)
+    rng = random.Random(5)
+    # 4 windows of on-time traffic, in ts order, on partition 0 only (one partition: its
+    # own order is the only order, so nothing of it can be behind the watermark).
+    on_time = [ref.inference_event(rng=rng, ts=start + timedelta(milliseconds=i * 250), experiment=experiment,
+                                   variant=VARIANTS[i % 2]) for i in range(160)]
+    reawakened = ref.inference_event(rng=rng, ts=start + timedelta(seconds=5), experiment=experiment, variant="control")
+    closing_inf, _ = ref.closing_events(at=start + timedelta(seconds=120), experiment="flush", count=3)
+
+    loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(*topics.raw, topics.windows),
+                    windows_topic=topics.windows, deadletter_topic=topics.deadletter,
+                    known_experiments=lambda: {experiment, "flush"})
+    stop = threading.Event()
+    loader_thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
+    loader_thread.start()
+    flink = FlinkProcess(job_config(topics, bootstrap=kafka_broker, checkpoint_dir=tmp_path / "ckpt",
+                                    out_of_orderness_s=OUT_OF_ORDERNESS_MS / 1000, idle_timeout_s=1.0),
+                         log_path=tmp_path / "flink.log").start()
+    producer = KafkaProducer(bootstrap_servers=kafka_broker, acks="all", linger_ms=5)
+
+    def send(events, partition: int | None = None) -> None:
+        for i, event in enumerate(events):
+            producer.send(topics.inference, value=json.dumps(event).encode(), key=event["trace_id"].encode(),
+                          partition=i % 2 if partition is None else partition)
+        producer.flush(timeout=60)
+
+    # Partition 0 stays busy (as live traffic does; a partition without records for the
+    # idle timeout is idle too, and when all are idle the watermark stands still).
+    # The heartbeats' ts (38 s) holds the watermark at 36 s: windows 0-2 close, 3 stays open.
+    beating = threading.Event()
+
+    def heartbeat() -> None:
+        while not beating.is_set():
+            send(ref.closing_events(at=start + timedelta(seconds=38), experiment="flush", count=2)[0], partition=0)
+            time.sleep(0.3)
+
+    beat = threading.Thread(target=heartbeat, daemon=True)
+    try:
+        send(on_time, partition=0)
+        beat.start()
+        # Partitions 1, 2 (and the whole RUM topic) are silent: only the idle timeout lets these close.
+        first_windows = {(experiment, v, _ms(start) + w * ref.WINDOW_MS) for v in VARIANTS for w in range(3)}
+        def diagnosis() -> str:
+            return (f"window rows: {store.query('SELECT experiment, window_start, n FROM window_stats FINAL').result_rows}\n"
+                    f"late rows: {store.query('SELECT experiment, count() FROM late_events GROUP BY experiment').result_rows}\n"
+                    f"raw: {store.query('SELECT experiment, count() FROM raw_events GROUP BY experiment').result_rows}\n"
+                    f"loader: {loader.stats}\n" + flink.log_tail(10))
+
+        wait_for(lambda: first_windows <= set(_window_table(store, "window_stats", experiment)), timeout_s=180,
+                 what="windows closed while partition 2 is idle", on_timeout=diagnosis)
+        send([reawakened], partition=2)  # behind the watermark, on the partition that woke up
+        time.sleep(3)
+        beating.set()
+        beat.join(timeout=10)
+        send(closing_inf, partition=None)
+        send(closing_inf[:1], partition=2)  # a copy (same event_id): counted once, not late
+
+        def late_ids() -> set[str]:
+            return {r[0] for r in store.query("SELECT event_id FROM late_events FINAL WHERE experiment = {e:String}",
+                                               parameters={"e": experiment}).result_rows}
+
+        expected = ref.inference_windows(on_time, late_ids=set())
+        wait_for(lambda: reawakened["event_id"] in late_ids() and set(expected) <= set(
+            _window_table(store, "window_stats", experiment)), timeout_s=120, what="the late row and every window",
+            on_timeout=flink.log_tail)
+        wait_for(lambda: loader.stats.consumed >= len(on_time) + 1, timeout_s=30, what="raw events loaded")
+        time.sleep(3)  # the loader's last batch
+    finally:
+        beating.set()
+        producer.close()
+        flink.stop()
+        stop.set()
+        loader_thread.join(timeout=30)
+
+    assert late_ids() == {reawakened["event_id"]}
+    windows = _window_table(store, "window_stats", experiment)
+    assert set(windows) == set(expected)
+    for key, row in expected.items():
+        _assert_row(windows[key], row, key)
+    balance = queries.reconciliation(store, experiment=experiment)
+    assert balance == {"raw": len(on_time) + 1, "windowed": len(on_time), "late": 1, "balanced": True}

@@ -12,11 +12,21 @@ import json
 import math
 import random
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ablab.inference.serving import events as ev
+
+
+_LABEL_NAMESPACE = uuid.UUID("5b0f7c1e-3a57-4d8e-9a52-6f0c1b2a9e41")
+
+
+def label_event_id(source: str, trace_id: str) -> str:
+    """One labeler's grade of one request is one fact: a restarted labeler that re-reads its
+    ledger emits the same ids again, and the pipeline keeps one copy."""
+    return uuid.uuid5(_LABEL_NAMESPACE, f"{source}|{trace_id}").hex
 
 
 @dataclass(frozen=True)
@@ -78,7 +88,9 @@ class Labeler:
         n = 0
         while self.pending and self.pending[0].due <= now:
             p = self.pending.pop(0)
-            self.sink.emit(ev.feedback_event(trace_id=p.trace_id, correct=p.correct, source=self.cfg.source))
+            event = ev.feedback_event(trace_id=p.trace_id, correct=p.correct, source=self.cfg.source)
+            event["event_id"] = label_event_id(self.cfg.source, p.trace_id)
+            self.sink.emit(event)
             n += 1
         self.emitted += n
         return n

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import uuid
 from typing import Any, Protocol
 
 import httpx
@@ -45,7 +46,13 @@ class HttpEventSink:
     """Batches events to ``POST /v1/events`` from a background thread.
 
     ``emit`` only enqueues, so it never blocks the caller; a failed batch is retried with
-    backoff, and events stay queued (bounded) while the API is unreachable.
+    backoff, and events stay queued (bounded) while the API is unreachable. Each event gets
+    its ``event_id`` here, at emit time (unless it has one), so a batch re-posted after a
+    lost response carries the same ids and the pipeline counts it once.
+
+    Events live in memory until the API accepts them: a SIGKILLed process loses what is
+    queued (at most ``flush_interval_s`` of events while the API is up). Where that matters,
+    write events to files and ship them with ``ablab outbox`` (what ``ablab up --demo`` does).
     """
 
     def __init__(
@@ -70,6 +77,8 @@ class HttpEventSink:
         self._thread.start()
 
     def emit(self, event: dict[str, Any]) -> None:
+        if "event_id" not in event:
+            event = {**event, "event_id": uuid.uuid4().hex}
         try:
             self._queue.put_nowait(event)
         except queue.Full:

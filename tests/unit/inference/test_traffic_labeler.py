@@ -54,3 +54,25 @@ def test_labeler_samples_a_fraction_and_emits_after_the_delay():
         assert e["correct"] == int(int(e["trace_id"][1:]) % 2 == 1)
     with pytest.raises(ValueError, match="answer"):
         lab.offer({"trace_id": "x", "output": "1"})
+
+
+def test_a_restarted_labeler_emits_the_same_event_ids():
+    """A labeler that dies and re-reads its ledger from the start re-sends its labels under
+    the same event_ids, so the pipeline (which keys on event_id) keeps one copy each."""
+    records = [{"trace_id": f"t{i}", "output": "5", "answer": "5"} for i in range(200)]
+
+    def run_once() -> list[dict]:
+        sink = ListSink()
+        lab = Labeler(LabelerConfig(fraction=0.3, delay_median_s=0), sink, clock=lambda: 0.0)
+        for record in records:
+            lab.offer(record)
+        lab.emit_due()
+        return sink.events
+
+    first, second = run_once(), run_once()
+    assert first and [e["event_id"] for e in first] == [e["event_id"] for e in second]
+    assert len({e["event_id"] for e in first}) == len(first)  # one id per labeled trace
+    other_source = Labeler(LabelerConfig(fraction=1.0, delay_median_s=0, source="judge"), ListSink())
+    other_source.offer(records[0])
+    other_source.emit_due()
+    assert other_source.sink.events[0]["event_id"] not in {e["event_id"] for e in first}

@@ -75,7 +75,7 @@ def _analytics(state: AppState) -> Any:
     store = AnalyticsStore(settings, run_loader=run_loader, known_experiments=known_experiments)
     state.extras["analytics"] = store
     state.extras.setdefault("readiness", {})["clickhouse"] = store.ping
-    monitor = GuardrailMonitor(state.sessions, store.client, interval_s=settings.guardrail_interval_s) if settings.guardrail_interval_s > 0 else None
+    monitor = GuardrailMonitor(state.sessions, store.client, interval_s=settings.guardrail_interval_s, settings=settings) if settings.guardrail_interval_s > 0 else None
 
     class _Both:
         def close(self) -> None:

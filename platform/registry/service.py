@@ -257,10 +257,16 @@ def update_experiment(
                     "send new_phase: true to start a new phase on purpose",
                     field="variants",
                 )
+            # A paused variant (often paused by a guardrail) stays paused through a new
+            # phase; only an explicit resume puts it back into traffic.
+            paused = {v.key: v.paused_reason for v in exp.variants if v.paused}
             # Delete the old rows before inserting the new ones: (experiment, key) is unique.
             exp.variants.clear()
             session.flush()
             exp.variants.extend(_variants(data.variants))
+            for v in exp.variants:
+                if v.key in paused:
+                    v.paused, v.paused_reason = True, paused[v.key]
             exp.phase += 1
     if control not in {v.key for v in exp.variants}:
         raise Invalid(f"control '{control}' is not one of the variants", field="control")
@@ -326,9 +332,13 @@ def transition(
     return exp
 
 
-def pause_variant(session: Session, *, key: str, variant: str, reason: str, actor: str) -> Experiment:
+def pause_variant(
+    session: Session, *, key: str, variant: str, reason: str, actor: str, expected_version: int | None = None
+) -> Experiment:
     """Stop serving one variant (its units get no assignment); used by guardrail automation."""
     exp = get_experiment(session, key)
+    if expected_version is not None:
+        _check_version(exp, expected_version)
     target = next((v for v in exp.variants if v.key == variant), None)
     if target is None:
         raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
@@ -342,6 +352,26 @@ def pause_variant(session: Session, *, key: str, variant: str, reason: str, acto
     exp.updated_at = utcnow()  # bumps the experiment's version too
     _flush_versioned(session, exp)
     record_audit(session, actor=actor, action="pause_variant", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
+    _bump_revision(session)
+    return exp
+
+
+def resume_variant(session: Session, *, key: str, variant: str, actor: str, expected_version: int | None = None) -> Experiment:
+    """Put a paused variant back into traffic; the audit log keeps why it had been paused."""
+    exp = get_experiment(session, key)
+    if expected_version is not None:
+        _check_version(exp, expected_version)
+    target = next((v for v in exp.variants if v.key == variant), None)
+    if target is None:
+        raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
+    if not target.paused:
+        return exp
+    before = _snapshot(exp)
+    target.paused = False
+    target.paused_reason = None
+    exp.updated_at = utcnow()
+    _flush_versioned(session, exp)
+    record_audit(session, actor=actor, action="resume_variant", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
     _bump_revision(session)
     return exp
 

@@ -93,6 +93,39 @@ for _action in service.TRANSITIONS:
     )
 
 
+@router.post("/{key}/variants/{variant}/pause", responses=responses(NotFound, Conflict, PreconditionFailed))
+def pause_variant(
+    key: str,
+    variant: str,
+    session: SessionDep,
+    principal: Editor,
+    response: Response,
+    reason: Annotated[str, Query(min_length=1, max_length=500, description="Why; kept in the audit log.")] = "paused by hand",
+    if_match: Annotated[str | None, Header()] = None,
+) -> ExperimentRead:
+    """Stop serving one variant (its units get no assignment) without touching the others."""
+    expected = parse_if_match(if_match) if if_match is not None else None
+    exp = service.pause_variant(session, key=key, variant=variant, reason=reason, actor=principal.name, expected_version=expected)
+    _etag(response, exp.version)
+    return service.to_read(exp)
+
+
+@router.post("/{key}/variants/{variant}/resume", responses=responses(NotFound, PreconditionFailed))
+def resume_variant(
+    key: str,
+    variant: str,
+    session: SessionDep,
+    principal: Editor,
+    response: Response,
+    if_match: Annotated[str | None, Header()] = None,
+) -> ExperimentRead:
+    """Serve a paused variant again (a weight change never does this silently)."""
+    expected = parse_if_match(if_match) if if_match is not None else None
+    exp = service.resume_variant(session, key=key, variant=variant, actor=principal.name, expected_version=expected)
+    _etag(response, exp.version)
+    return service.to_read(exp)
+
+
 @router.get("/{key}/audit", responses=responses(NotFound))
 def experiment_audit(
     key: str, session: SessionDep, _: Viewer, limit: Annotated[int, Query(ge=1, le=1000)] = 200

@@ -209,3 +209,34 @@ def test_secrets_never_reach_logs(api_server) -> None:
     for token in [*api_server.tokens.values(), created["token"]]:
         assert token not in log
         assert token not in audit_tokens
+
+
+def test_a_paused_variant_stays_paused_through_a_new_phase_until_resumed(api_server) -> None:
+    key = new_key()
+    with api_server.client("editor") as c:
+        c.post("/v1/experiments", json=body(key)).raise_for_status()
+        c.post(f"/v1/experiments/{key}/start").raise_for_status()
+        assert c.post(f"/v1/experiments/{key}/variants/control/pause").status_code == 409  # control cannot pause
+        assert c.post(f"/v1/experiments/{key}/variants/nope/pause").status_code == 404
+        stale = c.post(f"/v1/experiments/{key}/variants/sparse/pause", headers={"If-Match": "1"})
+        assert stale.status_code == 412, stale.text
+        paused = c.post(f"/v1/experiments/{key}/variants/sparse/pause", params={"reason": "p95 TTFT over SLA"})
+        assert paused.status_code == 200, paused.text
+        sparse = next(v for v in paused.json()["variants"] if v["key"] == "sparse")
+        assert sparse["paused"] and sparse["paused_reason"] == "p95 TTFT over SLA"
+
+        variants = body(key)["variants"]
+        variants[1]["weight"] = 3
+        version = paused.headers["etag"].strip('"')
+        r = c.patch(f"/v1/experiments/{key}", json={"variants": variants, "new_phase": True}, headers={"If-Match": version})
+        assert r.status_code == 200, r.text
+        sparse = next(v for v in r.json()["variants"] if v["key"] == "sparse")
+        assert sparse["weight"] == 3 and sparse["paused"], "a weight change must not put a paused variant back into traffic"
+
+        resumed = c.post(f"/v1/experiments/{key}/variants/sparse/resume")
+        assert resumed.status_code == 200, resumed.text
+        assert not next(v for v in resumed.json()["variants"] if v["key"] == "sparse")["paused"]
+        actions = [a["action"] for a in reversed(c.get(f"/v1/experiments/{key}/audit").json())]
+    assert actions == ["create", "start", "pause_variant", "update+new_phase", "resume_variant"]
+    with api_server.client("viewer") as v:
+        assert v.post(f"/v1/experiments/{key}/variants/sparse/pause").status_code == 403

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
 log = logging.getLogger(__name__)
+_BOOTSTRAP_TIMEOUT_MS = 3_000
 DEFAULT_TOPICS = (*EVENT_TOPICS.values(), WINDOWS_TOPIC)
 
 
@@ -114,7 +115,7 @@ class Loader:
     def _connect(self) -> None:
         from kafka import KafkaConsumer, KafkaProducer
 
-        self._consumer = KafkaConsumer(
+        consumer = KafkaConsumer(
             *self.topics,
             bootstrap_servers=self.bootstrap,
             group_id=self.group_id,
@@ -124,9 +125,17 @@ class Loader:
             isolation_level="read_committed",
             max_poll_records=self.batch_max_records,
             fetch_max_bytes=32 * 1024 * 1024,
+            # Fail fast when the broker is away: the supervisor retries with backoff, and a
+            # 30 s blocking bootstrap (the default) made the API's shutdown wait for it.
+            bootstrap_timeout_ms=_BOOTSTRAP_TIMEOUT_MS,
         )
-        self._producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=f"{self.group_id}-deadletter",
-                                       acks="all", linger_ms=20)
+        try:
+            producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=f"{self.group_id}-deadletter",
+                                     acks="all", linger_ms=20, bootstrap_timeout_ms=_BOOTSTRAP_TIMEOUT_MS)
+        except Exception:
+            consumer.close()
+            raise
+        self._consumer, self._producer = consumer, producer
 
     def close(self) -> None:
         for handle in (self._consumer, self._producer):
@@ -147,7 +156,9 @@ class Loader:
             while not stop_event.is_set():
                 got = self.poll_once(timeout_ms=200)
                 now = time.monotonic()
-                if got:
+                if got or not self._consumer.assignment():
+                    # Idle means "assigned and nothing came": a group (re)join after a
+                    # crashed predecessor can take seconds on a busy machine.
                     last_record_at = now
                 if self._pending_count or self._dead:
                     if self._pending_count + len(self._dead) >= self.batch_max_records or now - batch_started >= self.batch_max_s:

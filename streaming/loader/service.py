@@ -128,6 +128,10 @@ class Loader:
             # Fail fast when the broker is away: the supervisor retries with backoff, and a
             # 30 s blocking bootstrap (the default) made the API's shutdown wait for it.
             bootstrap_timeout_ms=_BOOTSTRAP_TIMEOUT_MS,
+            # A consumer that subscribes while its topics are still being created gets an
+            # empty assignment ("No partition metadata") and, with the 5-minute default,
+            # would not look again for minutes: refresh metadata every few seconds.
+            metadata_max_age_ms=5_000,
         )
         try:
             producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=f"{self.group_id}-deadletter",

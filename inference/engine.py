@@ -3,8 +3,12 @@
 Requests are submitted from any thread and complete through a :class:`GenRequest`'s
 event. Timing uses ``perf_counter`` exactly as DESIGN.md defines the metrics: TTFT is
 submission → first generated token, E2E is submission → last token. Device-seconds are
-attributed per step: a prefill belongs to its request, a decode step over b sequences
-(one token each) is split equally between them.
+attributed per step by tokens processed: a step carrying b decode tokens and a 13-token
+prompt chunk gives each decoding sequence 1/(b+13) of it and the prompt 13/(b+13).
+
+A step is one forward (:meth:`Executor.forward_chunks`): one decode token for every
+running sequence plus prompt chunks up to the scheduler's token budget (chunked prefill),
+so a newcomer's prompt never stalls the running batch by more than the budget allows.
 """
 
 from __future__ import annotations
@@ -35,7 +39,8 @@ class GenRequest:
     done: threading.Event = field(default_factory=threading.Event)
     # engine-internal
     slot: int = -1
-    length: int = 0
+    length: int = 0  # tokens in the cache once decoding
+    prefilled: int = 0  # prompt tokens in the cache (chunked prefill)
 
     @property
     def ttft_s(self) -> float:
@@ -61,7 +66,8 @@ class Engine:
         self.eos_id = eos_id
         self.pool = executor.new_pool(slots or max(batching.max_batch, 1))
         self.waiting: deque[GenRequest] = deque()
-        self.running: list[GenRequest] = []
+        self.prefilling: list[GenRequest] = []  # admitted; prompt partly in the cache
+        self.running: list[GenRequest] = []  # decoding
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -106,27 +112,38 @@ class Engine:
             self.step(block=True)
 
     def step(self, *, block: bool) -> None:
-        """One iteration: admit (prefill) what the scheduler allows, then one decode step."""
+        """One iteration: admit what the scheduler allows, then one forward that carries a
+        decode token for every running sequence plus prompt chunks within the step budget."""
         with self._cv:
             now = time.perf_counter()
             decision = self.scheduler.schedule(
-                waiting_since=[r.submitted for r in self.waiting], running=len(self.running), now=now
+                waiting_since=[r.submitted for r in self.waiting], running=len(self.running) + len(self.prefilling), now=now
             )
             admitted = [self.waiting.popleft() for _ in range(decision.admit)]
-            if not admitted and not self.running:
+            if not admitted and not self.running and not self.prefilling:
                 if block and not self._stop:
                     timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
                     self._cv.wait(timeout=timeout if timeout is not None else 0.5)
                 elif decision.wake_at is not None:
                     time.sleep(max(0.0, min(decision.wake_at - now, 0.01)))
                 return
-        if len(admitted) > 1:
-            self._prefill_batch(admitted)
-        else:
-            for req in admitted:
-                self._prefill(req)
-        if self.running:
-            self._decode()
+        for req in admitted:
+            self._admit(req)
+        if self.running or self.prefilling:
+            self._forward()
+
+    def _admit(self, req: GenRequest) -> None:
+        n = len(req.prompt_ids)
+        if n == 0 or n >= self.executor.cfg.max_len:  # fails alone, before it shares a forward
+            self._finish(req, error=f"ValueError: prompt: {n} tokens leave no room to generate (max_len {self.executor.cfg.max_len})")
+            return
+        try:
+            req.slot = self.pool.acquire()
+        except RuntimeError as exc:
+            self._finish(req, error=f"{type(exc).__name__}: {exc}")
+            return
+        req.prefilled = 0
+        self.prefilling.append(req)
 
     def _finish(self, req: GenRequest, *, error: str | None = None) -> None:
         req.finished_at = time.perf_counter()
@@ -137,46 +154,72 @@ class Engine:
             req.slot = -1
         req.done.set()
 
-    def _prefill(self, req: GenRequest) -> None:
-        t0 = time.perf_counter()
-        try:
-            if req.slot < 0:
-                req.slot = self.pool.acquire()
-            logits = self.executor.prefill(req.prompt_ids, pool=self.pool, slot=req.slot, adapter=req.adapter)
-        except Exception as exc:  # a bad request fails alone, the engine keeps serving
-            self._finish(req, error=f"{type(exc).__name__}: {exc}")
-            return
-        (tok,), (lp,) = _pick(logits.unsqueeze(0))
-        t1 = time.perf_counter()
-        req.device_s += t1 - t0
-        req.length = len(req.prompt_ids)
-        self._append(req, tok, lp, t1)
-        if not req.done.is_set():
-            self.running.append(req)
+    def _plan_chunks(self) -> list[tuple[GenRequest, int]]:
+        """Prompt chunks for this step, oldest first, within the scheduler's token budget
+        (None: whole prompts). Chunked prefill: a long prompt batch is spread over steps
+        instead of stalling every running sequence's next token behind it."""
+        budget = self.scheduler.prefill_budget(decoding=len(self.running))
+        plan = []
+        for req in self.prefilling:
+            left = len(req.prompt_ids) - req.prefilled
+            take = left if budget is None else min(left, budget)
+            if take <= 0:
+                break
+            plan.append((req, take))
+            if budget is not None:
+                budget -= take
+        return plan
 
-    def _prefill_batch(self, reqs: list[GenRequest]) -> None:
-        """Requests admitted together share one padded prefill (batch-1 kernels are
-        overhead-bound, so m prompts in one call cost far less than m calls)."""
-        for req in reqs:
-            req.slot = self.pool.acquire()
-        t0 = time.perf_counter()
-        try:
-            logits = self.executor.prefill_batch([r.prompt_ids for r in reqs], pool=self.pool, slots=[r.slot for r in reqs], adapters=[r.adapter for r in reqs])
-        except Exception:  # fall back to one at a time, so a bad request fails alone
-            for req in reqs:
-                self.pool.release(req.slot)
-                req.slot = -1
-                self._prefill(req)
+    def _forward(self) -> None:
+        plan = self._plan_chunks()
+        if not plan:
+            self._decode()
             return
+        try:
+            self._run(self.running, plan)
+        except Exception:  # retry each prompt chunk alone, so a bad request fails alone
+            for item in plan:
+                try:
+                    self._run([], [item])
+                except Exception as exc:
+                    self.prefilling.remove(item[0])
+                    self._finish(item[0], error=f"{type(exc).__name__}: {exc}")
+            if self.running:
+                self._decode()
+
+    def _run(self, decode: list[GenRequest], plan: list[tuple[GenRequest, int]]) -> None:
+        """One forward: a decode token per sequence in `decode` plus the planned prompt chunks."""
+        chunks = [[r.tokens[-1]] for r in decode] + [r.prompt_ids[r.prefilled : r.prefilled + n] for r, n in plan]
+        reqs = decode + [r for r, _ in plan]
+        t0 = time.perf_counter()
+        logits = self.executor.forward_chunks(
+            chunks,
+            pool=self.pool,
+            slots=[r.slot for r in reqs],
+            starts=[r.length for r in decode] + [r.prefilled for r, _ in plan],
+            adapters=[r.adapter for r in reqs],
+            n_decode=len(decode),
+        )
         toks, lps = _pick(logits)
         t1 = time.perf_counter()
-        total = sum(len(r.prompt_ids) for r in reqs)
-        for req, tok, lp in zip(reqs, toks, lps):
-            req.device_s += (t1 - t0) * len(req.prompt_ids) / total  # by prompt tokens
-            req.length = len(req.prompt_ids)
-            self._append(req, tok, lp, t1)
-            if not req.done.is_set():
-                self.running.append(req)
+        self.steps += 1
+        n_tokens = sum(len(c) for c in chunks)
+        self.scheduler.on_step(t1 - t0, tokens=n_tokens, decoding=len(decode))
+        for r, c in zip(reqs, chunks):
+            r.device_s += (t1 - t0) * len(c) / n_tokens  # the step's time, by tokens processed
+        for r, tok, lp in zip(decode, toks, lps):
+            r.length += 1
+            self._append(r, tok, lp, t1)
+        for (r, n), tok, lp in zip(plan, toks[len(decode) :], lps[len(decode) :]):
+            r.prefilled += n
+            if r.prefilled < len(r.prompt_ids):
+                continue  # mid-prompt logits are not a generated token
+            r.length = len(r.prompt_ids)
+            self._append(r, tok, lp, t1)
+            self.prefilling.remove(r)
+            if not r.done.is_set():
+                self.running.append(r)
+        self.running = [r for r in self.running if not r.done.is_set()]
 
     def _append(self, req: GenRequest, tok: int, lp: float, now: float) -> None:
         if req.first_token_at is None:
@@ -190,6 +233,7 @@ class Engine:
             self._finish(req)
 
     def _decode(self) -> None:
+        """A step with no prompt work: the plain batched decode kernel path."""
         batch = self.running
         t0 = time.perf_counter()
         try:
@@ -208,7 +252,7 @@ class Engine:
         toks, lps = _pick(logits)
         t1 = time.perf_counter()
         self.steps += 1
-        self.scheduler.on_step(t1 - t0)
+        self.scheduler.on_step(t1 - t0, tokens=len(batch), decoding=len(batch))
         share = (t1 - t0) / len(batch)  # one token each: equal shares of the step
         for r, tok, lp in zip(batch, toks, lps):
             r.device_s += share

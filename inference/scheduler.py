@@ -1,17 +1,19 @@
 """Batching policies as a pure scheduler: it decides which waiting requests join the
-running batch and when to wake up, and never runs a kernel (vLLM's schedule → execute →
-update split), so it is unit-tested with a fake clock.
+running batch, how many prompt tokens each step may carry, and when to wake up, and never
+runs a kernel (vLLM's schedule → execute → update split), so it is unit-tested with a
+fake clock.
 
 - ``none``: one request at a time.
 - ``fixed``: static batches. When idle, wait until ``max_batch`` requests are queued or
   the oldest has waited ``window_ms``; the batch then runs to completion while newcomers
   wait (the classic fixed-batch server).
-- ``adaptive``: continuous batching of decode steps (a newcomer joins the running batch
-  at the next step, up to ``max_batch``), with the target batch size and the wait window
-  set from the live arrival rate: at low load it never waits; at high load newcomers are
-  gathered into groups sized from the arrival rate and share one padded prefill, waiting
-  at most a few decode steps (one prefill per arrival would stall the running batch
-  once per arrival and cap throughput below a static batcher's).
+- ``adaptive``: continuous batching of decode steps with chunked prefill. Every step is
+  one forward carrying a decode token for each running sequence plus prompt chunks, so a
+  newcomer joins at the next step. The step's token budget is sized from a live cost
+  model (step time = a + b·tokens, fitted online) so that a step with prompt work stays
+  within ``step_budget_ms`` (the TPOT target a running sequence must see); admission
+  stops when the decoding batch alone would fill it. When idle, the wait to gather a
+  batch follows the live arrival rate: none at low load, a couple of steps at high load.
 """
 
 from __future__ import annotations
@@ -25,6 +27,49 @@ class BatchingConfig:
     policy: str = "none"
     max_batch: int = 8
     window_ms: float = 5.0
+    # adaptive: the longest a step may take when it carries prompt chunks (a running
+    # sequence's TPOT target, e.g. from the TPOT SLO); None: 3× a pure decode step
+    step_budget_ms: float | None = None
+
+
+MIN_CHUNK = 8  # prompt tokens a step always carries, so prefill progresses under any budget
+
+
+@dataclass
+class StepCost:
+    """Step seconds ≈ a + b·tokens, fitted by exponentially weighted least squares."""
+
+    a: float = 0.002
+    b: float = 0.0002
+    decay: float = 0.97
+    _w: float = 0.0
+    _sn: float = 0.0
+    _snn: float = 0.0
+    _st: float = 0.0
+    _snt: float = 0.0
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        d = self.decay
+        self._w = d * self._w + 1
+        self._sn = d * self._sn + tokens
+        self._snn = d * self._snn + tokens * tokens
+        self._st = d * self._st + seconds
+        self._snt = d * self._snt + tokens * seconds
+        var = self._snn / self._w - (self._sn / self._w) ** 2
+        if self._w > 5 and var > 4.0:  # enough spread in token counts to fit a slope
+            b = (self._snt / self._w - self._sn / self._w * self._st / self._w) / var
+            if b > 0:
+                self.b = b
+                self.a = max(0.0, self._st / self._w - b * self._sn / self._w)
+                return
+        # one size seen so far: keep the slope, move the intercept
+        self.a = max(0.0, self._st / self._w - self.b * self._sn / self._w)
+
+    def seconds(self, tokens: int) -> float:
+        return self.a + self.b * tokens
+
+    def tokens_within(self, seconds: float) -> int:
+        return int((seconds - self.a) / self.b + 1e-6) if self.b > 0 else 1 << 30
 
 
 @dataclass
@@ -55,13 +100,33 @@ class Scheduler:
     step_time_s: float = 0.002  # EWMA of one decode step, updated by the engine
     steps_per_request: float = 8.0  # EWMA of tokens a request generates, updated on finish
     rate: ArrivalRate = field(default_factory=ArrivalRate)
-    _static_batch_open: bool = False
+    cost: StepCost = field(default_factory=StepCost)
 
     def on_arrival(self, t: float) -> None:
         self.rate.observe(t)
 
-    def on_step(self, seconds: float) -> None:
-        self.step_time_s = 0.9 * self.step_time_s + 0.1 * seconds
+    def on_step(self, seconds: float, *, tokens: int = 1, decoding: int = 1) -> None:
+        """One forward took `seconds` for `tokens` tokens, `decoding` of them decode steps."""
+        self.cost.observe(tokens, seconds)
+        if tokens == decoding:  # a pure decode step: the per-token pace when nothing stalls it
+            self.step_time_s = 0.9 * self.step_time_s + 0.1 * seconds
+
+    def step_target_s(self, decoding: int) -> float:
+        cfg = self.config
+        if cfg.step_budget_ms is not None:
+            return cfg.step_budget_ms / 1000.0
+        return 3.0 * self.cost.seconds(max(decoding, 1))
+
+    def step_tokens(self, decoding: int) -> int:
+        """Tokens one step may carry and stay within the step target."""
+        return self.cost.tokens_within(self.step_target_s(decoding))
+
+    def prefill_budget(self, *, decoding: int) -> int | None:
+        """Prompt tokens the next step may carry; None: whole prompts (no one to stall, or
+        a policy that does not chunk)."""
+        if self.config.policy != "adaptive" or decoding == 0:
+            return None
+        return max(MIN_CHUNK, self.step_tokens(decoding) - decoding)
 
     def on_finish(self, tokens: int) -> None:
         self.steps_per_request = 0.9 * self.steps_per_request + 0.1 * max(tokens, 1)
@@ -89,19 +154,20 @@ class Scheduler:
                 return Decision(min(n, cfg.max_batch), None)
             return Decision(0, deadline)
         if cfg.policy == "adaptive":
-            room = cfg.max_batch - running
+            # admission sized by the step budget: stop while the decoding batch alone would
+            # leave less than a minimum prompt chunk in a step (its TPOT would break)
+            cap = min(cfg.max_batch, max(1, self.step_tokens(running) - MIN_CHUNK))
+            room = cap - running
             if room <= 0:
                 return Decision(0, None)
-            target = self.target_batch()
-            # Newcomers are admitted in groups, idle or not (continuous batching): one padded
-            # prefill for the group instead of one prefill per arrival, each of which would
-            # stall every running sequence's next token. The group size follows the arrival
-            # rate (half the expected batch); the wait is bounded by a few decode steps.
-            group = max(1, min(room, target // 2)) if running else target
-            if n >= group or target == 1:
+            if running:  # a running batch: newcomers ride its next step (chunked, budgeted)
                 return Decision(min(n, room), None)
-            steps = 4 if running else 2
-            wait = min(window, (group - n) / max(self.rate.rate, 1e-9), steps * self.step_time_s)
+            # idle: gather the batch the arrival rate predicts, waiting at most two decode
+            # steps and the window; at low load target is 1 and nobody waits
+            target = min(self.target_batch(), room)
+            if n >= target:
+                return Decision(min(n, room), None)
+            wait = min(window, (target - n) / max(self.rate.rate, 1e-9), 2 * self.step_time_s)
             deadline = waiting_since[0] + wait
             if now >= deadline:
                 return Decision(min(n, room), None)

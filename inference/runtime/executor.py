@@ -175,6 +175,56 @@ class Executor:
             x = self._layer(j, x, pool=pool, slots=slot_index, write_pos=write_pos, tk=tk, mask=mask, rows=rows)
         return self._logits(x[:, 0])
 
+    @torch.inference_mode()
+    def forward_chunks(
+        self, chunks: list[list[int]], *, pool: KVPool, slots: list[int], starts: list[int], adapters: list[int], n_decode: int = 0
+    ) -> torch.Tensor:
+        """One forward over ragged chunks (chunked prefill and decode in the same step).
+
+        Sequence i appends ``chunks[i]`` at positions ``starts[i]..`` to its cache slot, which
+        already holds its positions below ``starts[i]``; the first ``n_decode`` chunks are
+        one-token decode steps (they take the sparse FFN when it is on; prompt chunks take
+        the dense one, as :meth:`prefill` does). Per-token work (projections, FFN) runs on
+        all tokens flattened into one GEMM with no padding; only attention is per sequence.
+        Returns next-token logits after each chunk's last token [n, V] (float32); a prompt
+        run in several chunks gives the same logits and cache as one :meth:`prefill`.
+        """
+        lens = [len(c) for c in chunks]
+        if not chunks or min(lens) < 1:
+            raise ValueError("forward_chunks: every chunk needs at least one token")
+        if any(lens[i] != 1 for i in range(n_decode)):
+            raise ValueError("forward_chunks: decode chunks are one token each")
+        ends = [s + n for s, n in zip(starts, lens)]
+        if max(ends) > self.cfg.max_len:
+            raise ValueError(f"prompt: {max(ends)} tokens leave no room to generate (max_len {self.cfg.max_len})")
+        dev = self.device
+        n, t_max, tk = len(chunks), max(lens), max(ends)
+        seq_of = [i for i, m in enumerate(lens) for _ in range(m)]
+        offset = [j for m in lens for j in range(m)]
+        pos_l = [starts[i] + j for i, j in zip(seq_of, offset)]
+        tok = torch.tensor([t for c in chunks for t in c], device=dev)
+        pos = torch.tensor(pos_l, device=dev)
+        x = (self._tok_emb.index_select(0, tok) + self._pos_emb.index_select(0, pos)).unsqueeze(1)  # [N, 1, d]
+        layout = _Ragged(
+            seq=torch.tensor(seq_of, device=dev),
+            offset=torch.tensor(offset, device=dev),
+            slot_tok=torch.tensor([slots[i] for i in seq_of], device=dev),
+            pos=pos,
+            slots=torch.tensor(slots, device=dev),
+            n=n,
+            t_max=t_max,
+            tk=tk,
+            # query j of sequence i sees keys 0..starts[i]+j (its cache and its own chunk so far)
+            mask=(torch.arange(tk, device=dev)[None, None, :] <= (torch.tensor(starts, device=dev)[:, None, None] + torch.arange(t_max, device=dev)[None, :, None]))[:, None],
+            n_decode_tokens=n_decode,
+        )
+        rows = torch.tensor([adapters[i] for i in seq_of], device=dev) if any(adapters) else None
+        for j in range(self.cfg.n_layers):
+            x = self._ragged_layer(j, x, pool=pool, lay=layout, rows=rows)
+        # each chunk's last token in the flat order
+        last = torch.tensor([sum(lens[: i + 1]) - 1 for i in range(n)], device=dev)
+        return self._logits(x[last, 0])
+
     # ------------------------------------------------------------------ internals
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self.model.ln_f(h), self._tok_emb).float()
@@ -243,3 +293,72 @@ class Executor:
         if lora is not None:
             out = out + lora.delta("down", act)
         return x + out
+
+    def _ragged_layer(self, j: int, x: torch.Tensor, *, pool: KVPool, lay: "_Ragged", rows) -> torch.Tensor:
+        """`_layer` over flat tokens x [N, 1, d]: projections per token, attention per sequence."""
+        blk = self.model.blocks[j]
+        c = self.cfg
+        lora: LoRAWeights | None = self.bank.weights(j, rows) if rows is not None else None
+        n_tok, _, d = x.shape
+        h = blk.ln1(x)
+        qkv = self._lin(j, "qkv", h)
+        if lora is not None:
+            qkv = qkv + lora.delta("qkv", h)
+        q, k, v = qkv.view(n_tok, 3, c.n_heads, c.head_dim).unbind(1)  # [N, H, D] each
+        pool.k[j][lay.slot_tok, :, lay.pos] = k
+        pool.v[j][lay.slot_tok, :, lay.pos] = v
+        q_pad = q.new_zeros(lay.n, lay.t_max, c.n_heads, c.head_dim)
+        q_pad[lay.seq, lay.offset] = q
+        keys, values = pool.k[j][lay.slots, :, : lay.tk], pool.v[j][lay.slots, :, : lay.tk]
+        att = sharded_attention(q_pad.transpose(1, 2), keys, values, mask=lay.mask, n_shards=self.runtime.kv_shards)
+        att = att.transpose(1, 2)[lay.seq, lay.offset].reshape(n_tok, 1, d)
+        x = x + self._lin(j, "out", att)
+        if lora is not None:
+            x = x + lora.delta("out", att)
+        h = blk.ln2(x)
+        nd = lay.n_decode_tokens
+        if self.runtime.sparse_ffn_k is not None and nd:
+            # decode tokens take the sparse FFN, prompt tokens the dense one (as in `_layer`)
+            dec_lora = _rows(lora, slice(0, nd))
+            ffn_dec = sparse_ffn(
+                h[:nd], tables=self.tables[j], predictor=self.predictors[j], k=self.runtime.sparse_ffn_k, lora=dec_lora,
+                up=lambda v: self._lin(j, "up", v), down=lambda v: self._lin(j, "down", v),
+            )
+            if nd == n_tok:
+                return x + ffn_dec
+            ffn_rest = self._dense_ffn(j, h[nd:], _rows(lora, slice(nd, None)))
+            return x + torch.cat([ffn_dec, ffn_rest])
+        return x + self._dense_ffn(j, h, lora)
+
+    def _dense_ffn(self, j: int, h: torch.Tensor, lora: LoRAWeights | None) -> torch.Tensor:
+        pre = self._lin(j, "up", h)
+        if lora is not None:
+            pre = pre + lora.delta("up", h)
+        act = F.relu(pre)
+        out = self._lin(j, "down", act)
+        if lora is not None:
+            out = out + lora.delta("down", act)
+        return out
+
+
+def _rows(lora: LoRAWeights | None, sel: slice) -> LoRAWeights | None:
+    """The per-token LoRA factors of a slice of the flat tokens."""
+    if lora is None:
+        return None
+    return LoRAWeights(a={t: w[sel] for t, w in lora.a.items()}, b={t: w[sel] for t, w in lora.b.items()}, scale=lora.scale)
+
+
+@dataclass(frozen=True)
+class _Ragged:
+    """Where each flat token sits: its sequence, offset in the chunk, cache slot and position."""
+
+    seq: torch.Tensor
+    offset: torch.Tensor
+    slot_tok: torch.Tensor
+    pos: torch.Tensor
+    slots: torch.Tensor
+    n: int
+    t_max: int
+    tk: int
+    mask: torch.Tensor
+    n_decode_tokens: int

@@ -154,3 +154,102 @@ def test_padded_batch_prefill_equals_one_prefill_per_prompt(tiny_bundle, runtime
     for i, (p, s) in enumerate(zip(prompts, slots)):
         for layer in range(ex.cfg.n_layers):
             assert (batched.k[layer][s, :, : len(p)] - single.k[layer][i, :, : len(p)]).abs().max().item() <= 1e-5
+
+
+# ---------------------------------------------------------------- chunked prefill (issue 4)
+RUNTIMES = [RuntimeConfig(), RuntimeConfig(sparse_ffn_k=64), RuntimeConfig(kv_shards=3)]
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+@pytest.mark.parametrize("sizes", [(1,) * 40, (3, 5, 2, 7, 50), (8, 50)])
+def test_chunked_prefill_equals_one_shot_prefill(tiny_bundle, runtime, sizes):
+    """A prompt run in chunks (each chunk attends to the cache the previous ones wrote)
+    gives the one-shot prefill's next-token logits and cache, with and without an adapter."""
+    ex = Executor(tiny_bundle.model, runtime=runtime, predictors=tiny_bundle.predictors, adapters=tiny_bundle.adapters)
+    ids = tiny_bundle.tokenizer.encode(PROMPTS[4] + PROMPTS[1])
+    for adapter in (None, "ledger"):
+        row = ex.adapter_row(adapter)
+        one = ex.new_pool(2)
+        ref = ex.prefill(ids, pool=one, slot=1, adapter=row)
+        chunked = ex.new_pool(2)
+        start = 0
+        for n in sizes:
+            if start >= len(ids):
+                break
+            got = ex.forward_chunks([ids[start : start + n]], pool=chunked, slots=[1], starts=[start], adapters=[row])[0]
+            start += n
+        assert start >= len(ids)
+        assert (got - ref).abs().max().item() <= 1e-4
+        for layer in range(ex.cfg.n_layers):
+            assert (chunked.k[layer][1, :, : len(ids)] - one.k[layer][1, :, : len(ids)]).abs().max().item() <= 1e-5
+            assert (chunked.v[layer][1, :, : len(ids)] - one.v[layer][1, :, : len(ids)]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_mixed_step_equals_separate_decode_and_prefill(tiny_bundle, runtime):
+    """Decode tokens of running sequences and prompt chunks of newcomers in ONE forward give
+    the logits of a separate decode step and separate prefills (sparse FFN on the decode
+    tokens only, adapters per token)."""
+    ex = Executor(tiny_bundle.model, runtime=runtime, predictors=tiny_bundle.predictors, adapters=tiny_bundle.adapters)
+    tok = tiny_bundle.tokenizer
+    running = [tok.encode(p) for p in PROMPTS[:3]]
+    new = [tok.encode(p) for p in PROMPTS[3:]]
+    rows_run = [ex.adapter_row(a) for a in ("mirror", None, "ledger")]
+    rows_new = [ex.adapter_row(a) for a in (None, "mirror")]
+    ref_pool, mix_pool = ex.new_pool(8), ex.new_pool(8)
+    run_slots, new_slots = [4, 0, 6], [2, 7]
+    for pool in (ref_pool, mix_pool):
+        for p, s, r in zip(running, run_slots, rows_run):
+            ex.prefill(p, pool=pool, slot=s, adapter=r)
+    nxt = [5, 9, 11]
+    ref_dec = ex.decode(nxt, pool=ref_pool, slots=run_slots, lengths=[len(p) for p in running], adapters=rows_run)
+    ref_new = torch.stack([ex.prefill(p, pool=ref_pool, slot=s, adapter=r) for p, s, r in zip(new, new_slots, rows_new)])
+    # second newcomer's prompt is split: its first 3 tokens now, the rest in the next step
+    got = ex.forward_chunks(
+        [[t] for t in nxt] + [new[0], new[1][:3]], pool=mix_pool, slots=run_slots + new_slots,
+        starts=[len(p) for p in running] + [0, 0], adapters=rows_run + rows_new, n_decode=3,
+    )
+    assert (got[:3] - ref_dec).abs().max().item() <= 1e-4
+    assert (got[3] - ref_new[0]).abs().max().item() <= 1e-4
+    rest = ex.forward_chunks([new[1][3:]], pool=mix_pool, slots=[7], starts=[3], adapters=[rows_new[1]])
+    assert (rest[0] - ref_new[1]).abs().max().item() <= 1e-4
+
+
+@pytest.mark.parametrize("budget", [1, 3, 8])
+def test_engine_chunked_prefill_generates_what_unbatched_does(tiny_bundle, budget):
+    """The engine with a tiny per-step prompt budget (prompts spread over many steps, mixed
+    with running decodes) generates the same tokens and log-probs as one request at a time."""
+    adapters = [None, "ledger", "mirror", None, "ledger"]
+    single = [_generate(tiny_bundle, RuntimeConfig(), [p], adapters=[a])[0][0] for p, a in zip(PROMPTS, adapters)]
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig(), adapters=tiny_bundle.adapters)
+    eng = Engine(ex, batching=BatchingConfig("adaptive", max_batch=8, window_ms=0), eos_id=tiny_bundle.tokenizer.eos_id, slots=8)
+    eng.scheduler.prefill_budget = lambda decoding: budget  # force chunking
+    from ablab.inference.engine import GenRequest
+
+    reqs = [
+        eng.submit(GenRequest(prompt_ids=tiny_bundle.tokenizer.encode(p), adapter=ex.adapter_row(a), max_new_tokens=6))
+        for p, a in zip(PROMPTS, adapters)
+    ]
+    chunked_steps = 0
+    while not all(r.done.is_set() for r in reqs):
+        eng.step(block=False)
+        chunked_steps += bool(eng.running and eng.prefilling)
+    assert chunked_steps > 0  # decodes and partial prompts really shared steps
+    for s, b in zip(single, reqs):
+        assert b.error is None
+        assert s.tokens == b.tokens
+        assert max((abs(x - y) for x, y in zip(s.logprobs, b.logprobs)), default=0.0) <= 1e-4
+
+
+def test_engine_rejects_an_overlong_prompt_alone(tiny_bundle):
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig())
+    eng = Engine(ex, batching=BatchingConfig("adaptive", max_batch=4, window_ms=0), eos_id=tiny_bundle.tokenizer.eos_id, slots=4)
+    from ablab.inference.engine import GenRequest
+
+    ok = eng.submit(GenRequest(prompt_ids=tiny_bundle.tokenizer.encode(PROMPTS[0]), max_new_tokens=3))
+    bad = eng.submit(GenRequest(prompt_ids=[5] * ex.cfg.max_len, max_new_tokens=3))
+    while not (ok.done.is_set() and bad.done.is_set()):
+        eng.step(block=False)
+    assert ok.error is None and ok.tokens
+    assert bad.error is not None and "prompt" in bad.error
+    assert len(eng.pool.free) == 4  # every slot back

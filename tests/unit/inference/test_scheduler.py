@@ -1,4 +1,4 @@
-from ablab.inference.scheduler import ArrivalRate, BatchingConfig, Scheduler
+from ablab.inference.scheduler import MIN_CHUNK, ArrivalRate, BatchingConfig, Scheduler, StepCost
 
 
 def test_none_runs_one_at_a_time():
@@ -24,19 +24,57 @@ def test_adaptive_never_waits_at_low_load():
     assert s.schedule(waiting_since=[3.0], running=0, now=3.0).admit == 1
 
 
-def test_adaptive_waits_briefly_at_high_load_and_joins_running_batches():
+def test_adaptive_waits_briefly_when_idle_at_high_load_and_joins_running_batches_at_once():
     s = Scheduler(BatchingConfig("adaptive", max_batch=8, window_ms=50), step_time_s=0.005)
     for i in range(200):  # 400 requests/s
         s.on_arrival(i * 0.0025)
     assert s.target_batch() > 2
     d = s.schedule(waiting_since=[0.5], running=0, now=0.5)
     assert d.admit == 0 and 0.5 < d.wake_at <= 0.5 + 2 * 0.005  # at most two decode steps
-    # continuous batching: newcomers join a running batch in groups (one shared prefill)
-    assert s.schedule(waiting_since=[0.5, 0.5, 0.501, 0.501], running=3, now=0.501).admit == 4
-    d = s.schedule(waiting_since=[0.5, 0.501], running=3, now=0.501)
-    assert d.admit == 0 and d.wake_at <= 0.5 + 4 * 0.005  # a short group waits a few steps at most
-    assert s.schedule(waiting_since=[0.5, 0.501], running=3, now=0.5 + 4 * 0.005).admit == 2
+    assert s.schedule(waiting_since=[0.5], running=0, now=0.5 + 2 * 0.005).admit == 1
+    # continuous batching: a newcomer rides the running batch's next step (no group wait:
+    # its prompt is chunked within the step budget, so it cannot stall the batch)
+    assert s.schedule(waiting_since=[0.5], running=3, now=0.5).admit == 1
+    assert s.schedule(waiting_since=[0.5] * 9, running=3, now=0.6).admit == 5
     assert s.schedule(waiting_since=[0.5] * 9, running=8, now=0.6).admit == 0  # full
+
+
+def test_step_cost_model_fits_intercept_and_slope():
+    c = StepCost()
+    for i in range(60):
+        n = 1 + (i * 7) % 40
+        c.observe(n, 0.003 + 0.0005 * n)
+    assert abs(c.a - 0.003) < 1e-4 and abs(c.b - 0.0005) < 1e-5
+    assert c.tokens_within(0.013) == 20
+
+
+def _fitted(a: float, b: float, **cfg) -> Scheduler:
+    s = Scheduler(BatchingConfig("adaptive", **cfg))
+    for i in range(60):
+        n = 1 + (i * 7) % 40
+        s.on_step(a + b * n, tokens=n, decoding=min(n, 4))
+    return s
+
+
+def test_adaptive_prefill_budget_keeps_a_step_within_the_step_budget():
+    s = _fitted(0.002, 0.0002, max_batch=32, window_ms=20, step_budget_ms=8.0)  # 30 tokens fit in 8 ms
+    assert s.prefill_budget(decoding=0) is None  # nobody decoding: nobody to stall
+    assert s.prefill_budget(decoding=10) == 20  # 10 decode tokens + 20 prompt tokens = 8 ms
+    assert s.prefill_budget(decoding=28) == MIN_CHUNK  # prefill always progresses
+    # admission stops while the decoding batch alone would leave less than a minimum chunk
+    assert s.schedule(waiting_since=[0.0] * 5, running=20, now=1.0).admit == 2
+    assert s.schedule(waiting_since=[0.0] * 5, running=22, now=1.0).admit == 0
+    # a tighter budget admits fewer
+    tight = _fitted(0.002, 0.0002, max_batch=16, window_ms=20, step_budget_ms=4.0)  # 10 tokens
+    assert tight.schedule(waiting_since=[0.0] * 5, running=1, now=1.0).admit == 1
+    # static policies never chunk
+    assert Scheduler(BatchingConfig("fixed", 8, 5)).prefill_budget(decoding=4) is None
+
+
+def test_adaptive_default_step_budget_is_three_pure_decode_steps():
+    s = _fitted(0.002, 0.0002, max_batch=16)
+    # 3 × (2 ms + 4 × 0.2 ms) = 8.4 ms → 32 tokens, 4 of them decode
+    assert s.prefill_budget(decoding=4) == 28
 
 
 def test_arrival_rate_tracks_a_steady_stream():

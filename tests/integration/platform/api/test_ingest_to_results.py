@@ -95,8 +95,10 @@ def test_events_flow_to_results_and_bad_ones_are_counted(pipeline_api) -> None:
     units = {m["variant"]: m["units"] for m in result["metrics"] if m["metric"] == "e2e_ms"}
     if n != {"a": 200, "b": 200}:  # say whether the loader was behind or the read was wrong
         with pipeline_api.client(scope=None) as c:
-            loader = [line for line in c.get("/metrics").text.splitlines() if line.startswith("ablab_loader")]
-        pytest.fail(f"results n = {n}, expected 200 each; loader counters: {loader}; metrics: {result['metrics'][:2]}")
+            loader = [line for line in c.get("/metrics").text.splitlines() if line.startswith(("ablab_loader", "ablab_emitter", "ablab_ingest"))]
+        log_tail = (pipeline_api.home / "api.log").read_text(errors="replace")[-6000:]
+        pytest.fail(f"results n = {n}, expected 200 each; loader counters: {loader}; metrics: {result['metrics'][:2]}\n"
+                    f"API log (tail):\n{log_tail}")
     assert units == {"a": 20, "b": 20}  # 40 users, randomized by user
     diff = next(m for m in result["metrics"] if m["metric"] == "e2e_ms" and m["variant"] == "b")
     mean = {v: sum(e["e2e_ms"] for e in good if e["variant"] == v) / 200 for v in "ab"}

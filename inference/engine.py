@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ablab.inference.runtime.executor import Executor
-from ablab.inference.scheduler import BatchingConfig, Scheduler
+from ablab.inference.scheduler import MIN_CHUNK, BatchingConfig, Scheduler
 
 
 @dataclass
@@ -116,6 +116,9 @@ class Engine:
         decode token for every running sequence plus prompt chunks within the step budget."""
         with self._cv:
             now = time.perf_counter()
+            order = self.scheduler.admission_order([r.submitted for r in self.waiting], now)
+            if order != list(range(len(order))):
+                self.waiting = deque(self.waiting[i] for i in order)
             decision = self.scheduler.schedule(
                 waiting_since=[r.submitted for r in self.waiting], running=len(self.running) + len(self.prefilling), now=now
             )
@@ -158,12 +161,14 @@ class Engine:
         """Prompt chunks for this step, oldest first, within the scheduler's token budget
         (None: whole prompts). Chunked prefill: a long prompt batch is spread over steps
         instead of stalling every running sequence's next token behind it."""
-        budget = self.scheduler.prefill_budget(decoding=len(self.running))
+        now = time.perf_counter()
+        progress = [(len(r.tokens), now - (r.first_token_at or now)) for r in self.running]
+        budget = self.scheduler.prefill_budget(decoding=len(self.running), progress=progress)
         plan = []
         for req in self.prefilling:
             left = len(req.prompt_ids) - req.prefilled
             take = left if budget is None else min(left, budget)
-            if take <= 0:
+            if take <= 0 or (self.running and take < min(left, MIN_CHUNK)):  # a sliver: a step's overhead for little
                 break
             plan.append((req, take))
             if budget is not None:

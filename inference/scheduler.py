@@ -30,9 +30,15 @@ class BatchingConfig:
     # adaptive: the longest a step may take when it carries prompt chunks (a running
     # sequence's TPOT target, e.g. from the TPOT SLO); None: 3× a pure decode step
     step_budget_ms: float | None = None
+    # adaptive, SLO-aware: with a TPOT SLO, a step's budget is the smallest TPOT slack of the
+    # running sequences (see `Scheduler.tpot_slack_s`) instead of a flat step budget; with a
+    # TTFT SLO, waiting requests that can still meet it are admitted before those that cannot
+    tpot_slo_ms: float | None = None
+    ttft_slo_ms: float | None = None
 
 
 MIN_CHUNK = 8  # prompt tokens a step always carries, so prefill progresses under any budget
+SLACK_SAFETY = 0.5  # the cost model's error and the engine's own time between steps
 
 
 @dataclass
@@ -113,6 +119,8 @@ class Scheduler:
 
     def step_target_s(self, decoding: int) -> float:
         cfg = self.config
+        if cfg.tpot_slo_ms is not None:
+            return cfg.tpot_slo_ms / 2000.0  # a 2-token answer's TPOT spans two steps
         if cfg.step_budget_ms is not None:
             return cfg.step_budget_ms / 1000.0
         return 3.0 * self.cost.seconds(max(decoding, 1))
@@ -121,12 +129,50 @@ class Scheduler:
         """Tokens one step may carry and stay within the step target."""
         return self.cost.tokens_within(self.step_target_s(decoding))
 
-    def prefill_budget(self, *, decoding: int) -> int | None:
+    def tpot_slack_s(self, progress: list[tuple[int, float]]) -> float | None:
+        """The longest next step every running sequence that can still meet the TPOT SLO
+        survives, whatever its answer's length. `progress`: (tokens generated, seconds since
+        its first token) per sequence. With g ≥ 2 tokens the next step may bring EOS, so
+        TPOT = (e + s) / (g − 1); with g = 1 an EOS next leaves TPOT undefined, and the
+        tightest case is EOS one pure decode step d later: (e + s + d) / 1. Sequences that
+        have already lost the SLO are not protected (the step would only slow the rest).
+        None: nobody to protect."""
+        slo = self.config.tpot_slo_ms / 1000.0
+        d = self.cost.seconds(len(progress))
+        slacks = []
+        for g, e in progress:
+            slack = slo * (g - 1) - e if g >= 2 else slo - e - d
+            if slack > d:
+                slacks.append(slack)
+        return SLACK_SAFETY * min(slacks) if slacks else None
+
+    def prefill_budget(self, *, decoding: int, progress: list[tuple[int, float]] | None = None) -> int | None:
         """Prompt tokens the next step may carry; None: whole prompts (no one to stall, or
         a policy that does not chunk)."""
         if self.config.policy != "adaptive" or decoding == 0:
             return None
+        if self.config.tpot_slo_ms is not None and progress is not None:
+            # SLO-aware: prompt work rides a step only as far as every protected sequence's
+            # slack allows, else the step decodes alone; prompts then wait for slack or for
+            # the batch to drain (its steps end within max_new_tokens), when a whole group is
+            # prefilled at once: static batching's efficiency when slack is short,
+            # continuous batching when it is not
+            slack = self.tpot_slack_s(progress)
+            if slack is None:  # nobody left to protect: still no step longer than the flat target
+                slack = self.step_target_s(decoding)
+            return max(0, self.cost.tokens_within(slack) - decoding)
         return max(MIN_CHUNK, self.step_tokens(decoding) - decoding)
+
+    def admission_order(self, waiting_since: list[float], now: float) -> list[int]:
+        """Indices of the waiting requests in the order to admit them: FCFS, except that with
+        a TTFT SLO the ones that can still meet it go first (under overload FCFS would make
+        every request late; the late ones still run, after)."""
+        if self.config.policy != "adaptive" or self.config.ttft_slo_ms is None:
+            return list(range(len(waiting_since)))
+        limit = self.config.ttft_slo_ms / 1000.0 - self.cost.seconds(MIN_CHUNK)
+        fresh = [i for i, t in enumerate(waiting_since) if now - t < limit]
+        late = [i for i, t in enumerate(waiting_since) if now - t >= limit]
+        return fresh + late
 
     def on_finish(self, tokens: int) -> None:
         self.steps_per_request = 0.9 * self.steps_per_request + 0.1 * max(tokens, 1)
@@ -156,7 +202,9 @@ class Scheduler:
         if cfg.policy == "adaptive":
             # admission sized by the step budget: stop while the decoding batch alone would
             # leave less than a minimum prompt chunk in a step (its TPOT would break)
-            cap = min(cfg.max_batch, max(1, self.step_tokens(running) - MIN_CHUNK))
+            # (with a TPOT SLO the slack gates prompt work per step instead, so admission
+            # only needs a slot)
+            cap = cfg.max_batch if cfg.tpot_slo_ms is not None else min(cfg.max_batch, max(1, self.step_tokens(running) - MIN_CHUNK))
             room = cap - running
             if room <= 0:
                 return Decision(0, None)

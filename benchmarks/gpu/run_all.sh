@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE="${1:-auto}"
 DRY=0
-EXTRA=(--threads 4)
+EXTRA=(--threads 4 --reps 1 --duration 2)  # batching: one 2 s run per policy and load fits the 8 min
 if [ "$DEVICE" = "dry" ]; then
   DEVICE=cpu
   DRY=1

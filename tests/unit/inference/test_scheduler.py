@@ -1,4 +1,4 @@
-from ablab.inference.scheduler import MIN_CHUNK, ArrivalRate, BatchingConfig, Scheduler, StepCost
+from ablab.inference.scheduler import MIN_CHUNK, SLACK_SAFETY, ArrivalRate, BatchingConfig, Scheduler, StepCost
 
 
 def test_none_runs_one_at_a_time():
@@ -82,3 +82,29 @@ def test_arrival_rate_tracks_a_steady_stream():
     for i in range(100):
         r.observe(i * 0.01)
     assert 90 < r.rate < 110
+
+
+def test_slo_aware_budget_follows_the_running_sequences_tpot_slack():
+    s = _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0, ttft_slo_ms=50.0)
+    d = s.cost.seconds(2)  # a pure decode step of the two running sequences: 2.4 ms
+    # just started (1 token, 0 s since): EOS could come one decode step after the next
+    # step, so the next step may take SLACK_SAFETY × (20 ms − d)
+    budget = s.prefill_budget(decoding=2, progress=[(1, 0.0), (1, 0.0)])
+    assert budget == s.cost.tokens_within(SLACK_SAFETY * (0.020 - d)) - 2 > 0
+    # a sequence 2 tokens in and 15 ms since its first: EOS next gives TPOT 15 ms + step,
+    # so only SLACK_SAFETY × 5 ms remain: the step decodes alone (no prompt work fits)
+    assert s.prefill_budget(decoding=2, progress=[(1, 0.0), (2, 0.015)]) == 0
+    # one already past the SLO is not protected; the other's slack sets the budget
+    assert s.prefill_budget(decoding=2, progress=[(1, 0.0), (2, 0.030)]) == budget
+    # nobody to protect: the flat target (half the TPOT SLO) still bounds the step
+    assert s.prefill_budget(decoding=2, progress=[(2, 0.030)]) == s.cost.tokens_within(0.010) - 2
+    # admission is not capped by the step target when slack gates prompt work
+    assert s.schedule(waiting_since=[0.0] * 20, running=10, now=1.0).admit == 6
+
+
+def test_slo_aware_admission_serves_requests_that_can_still_meet_ttft_first():
+    s = _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0, ttft_slo_ms=50.0)
+    # waited 80 ms, 60 ms (both past the TTFT SLO), 10 ms and 1 ms
+    assert s.admission_order([0.0, 0.02, 0.07, 0.079], now=0.08) == [2, 3, 0, 1]
+    fifo = _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0)
+    assert fifo.admission_order([0.0, 0.02, 0.07, 0.079], now=0.08) == [0, 1, 2, 3]

@@ -37,6 +37,7 @@ from pydantic import (
     Field,
     TypeAdapter,
     ValidationError,
+    field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
@@ -100,6 +101,13 @@ class _EventBase(BaseModel):
     )
     ts: UtcTimestamp = Field(description="Event time, ISO-8601 with offset, stored as UTC.")
     trace_id: Identifier = Field(description="Joins one request's worker, client, label and billing records.")
+
+    @field_validator("v", mode="before")
+    @classmethod
+    def _version_is_not_a_bool(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # JSON true would otherwise pass as Literal[1]
+            raise ValueError(f"unsupported schema version {value!r}; supported: {list(SUPPORTED_VERSIONS)}")
+        return value
 
     def to_json_bytes(self) -> bytes:
         return self.model_dump_json().encode()
@@ -226,6 +234,12 @@ def validate_event(raw: bytes | str | Mapping[str, Any]) -> ExposureEvent | Infe
         size = len(raw.encode() if isinstance(raw, str) else raw)
         if size > MAX_EVENT_BYTES:
             return Rejection("$", f"event is {size} bytes; the limit is {MAX_EVENT_BYTES}")
+        try:
+            # Fast path: pydantic-core parses and validates in one pass (the loader's hot
+            # path). Anything it refuses takes the path below, which names the field.
+            return _EVENT_ADAPTER.validate_json(raw)
+        except ValidationError:
+            pass
         try:
             raw = json.loads(raw)
         except (ValueError, UnicodeDecodeError) as exc:

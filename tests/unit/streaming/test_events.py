@@ -55,9 +55,7 @@ def test_offset_timestamps_are_normalised_to_utc() -> None:
     assert event.ts == datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 
 
-@pytest.mark.parametrize(
-    ("overrides", "field", "fragment"),
-    [
+BAD_FIELDS = [
         ({"ttft_ms": "12"}, "ttft_ms", "valid number"),  # strict: no string coercion
         ({"prompt_tokens": True}, "prompt_tokens", "valid integer"),  # strict: bool is not an int
         ({"prompt_tokens": 1.5}, "prompt_tokens", "integer"),
@@ -71,13 +69,28 @@ def test_offset_timestamps_are_normalised_to_utc() -> None:
         ({"type": "click"}, "type", "must be one of"),
         ({"v": 2}, "v", "unsupported schema version"),
         ({"e2e_ms": float("nan")}, "e2e_ms", "finite"),
-    ],
-)
+        ({"v": True}, "v", "unsupported schema version"),  # JSON true == 1 in Python
+]
+
+
+@pytest.mark.parametrize(("overrides", "field", "fragment"), BAD_FIELDS)
 def test_bad_fields_are_rejected_by_name(overrides, field: str, fragment: str) -> None:
     rejection = validate_event(inference(**overrides))
     assert isinstance(rejection, Rejection)
     assert rejection.field == field
     assert fragment in rejection.message
+
+
+@pytest.mark.parametrize(("overrides", "field", "fragment"), BAD_FIELDS)
+def test_json_bytes_get_the_same_rejection_as_a_mapping(overrides, field: str, fragment: str) -> None:
+    # bytes take pydantic-core's one-pass JSON fast path; a refusal must still name the field
+    raw = json.dumps(inference(**overrides)).encode()
+    assert validate_event(raw) == validate_event(inference(**overrides))
+
+
+def test_json_bytes_and_mapping_give_the_same_event() -> None:
+    body = inference(error="oom", tpot_ms=None, event_id="ev-1")
+    assert validate_event(json.dumps(body).encode()) == validate_event(body)
 
 
 def test_missing_fields_are_named() -> None:

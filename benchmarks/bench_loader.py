@@ -1,0 +1,187 @@
+"""The loader alone: Kafka (read_committed) → validate → chDB raw insert (+ per-unit rollup).
+
+    .venv/bin/python benchmarks/bench_loader.py --requests 100000 --variants rollup,no-rollup,poll-only
+
+Pre-fills fresh topics with ``--requests`` requests' events (inference and RUM for each, a
+label for ``--label-rate`` of them, i.e. ~2.5 events per request), then drains them with
+each variant in turn, every one with its own consumer group and its own empty chDB store,
+so the variants read the same records in one run on one machine:
+
+- ``rollup``: the loader as the API runs it (raw insert, then the per-unit rollup);
+- ``no-rollup``: raw insert only (what an external ClickHouse deployment without the
+  rollup would do);
+- ``poll-only``: consume and validate, insert nothing (the Kafka + validation ceiling).
+
+Prints events/s and process CPU-seconds per 1,000 events for each, plus the ratios. The
+loader runs in this process, so ``time.process_time`` covers chDB's work too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import random
+import tempfile
+import threading
+import time
+import uuid
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+VARIANTS = ("rollup", "no-rollup", "poll-only")
+
+
+def _events(requests: int, *, label_rate: float, seed: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    rng = random.Random(seed)
+    start = datetime.now(UTC) - timedelta(hours=1)
+    inference, rum, feedback = [], [], []
+    for i in range(requests):
+        trace = uuid.UUID(int=rng.getrandbits(128)).hex
+        ts = (start + timedelta(milliseconds=i * 5)).isoformat(timespec="milliseconds")
+        ttft = rng.uniform(5, 100)
+        e2e = ttft + rng.uniform(10, 1000)
+        variant = "ab"[i % 2]
+        inference.append(json.dumps({
+            "v": 1, "type": "inference", "event_id": f"i-{trace}", "trace_id": trace, "ts": ts, "experiment": "bench",
+            "variant": variant, "unit_id": f"u{rng.randrange(20_000)}", "ttft_ms": ttft, "e2e_ms": e2e, "tpot_ms": 2.5,
+            "prompt_tokens": 100, "output_tokens": 20, "device_s": e2e / 1000, "cost_usd": 1e-5, "price_version": "p1",
+            "strategy": "s",
+        }, separators=(",", ":")).encode())
+        rum.append(json.dumps({"v": 1, "type": "rum", "event_id": f"r-{trace}", "trace_id": trace, "ts": ts,
+                               "e2e_ms": e2e + rng.uniform(1, 30)}, separators=(",", ":")).encode())
+        if rng.random() < label_rate:
+            feedback.append(json.dumps({"v": 1, "type": "feedback", "event_id": f"f-{trace}", "trace_id": trace,
+                                        "ts": ts, "correct": int(rng.random() < 0.7), "source": "human"},
+                                       separators=(",", ":")).encode())
+    return inference, rum, feedback
+
+
+def _fill(bootstrap: str, topics: dict[str, str], payloads: dict[str, list[bytes]], progress: Progress) -> None:
+    from kafka import KafkaProducer
+
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=20, batch_size=512 * 1024,
+                             compression_type="lz4")
+    total = sum(map(len, payloads.values()))
+    task = progress.add_task("pre-fill", total=total)
+    for kind, values in payloads.items():
+        for value in values:
+            producer.send(topics[kind], value=value)
+            progress.advance(task)
+    producer.flush(timeout=300)
+    producer.close()
+
+
+def _drain(variant: str, bootstrap: str, topics: dict[str, str], total: int, home: str, consumed, out) -> None:
+    """One variant in its own process (chDB holds one data directory per process)."""
+    from ablab.streaming.loader.service import Loader
+    from ablab.streaming.store import apply_ddl, make_client
+
+    store = make_client(f"chdb://{Path(home) / variant}")
+    apply_ddl(store)
+    loader = Loader(store, bootstrap, group_id=f"bench-loader-{variant}-{uuid.uuid4().hex[:6]}",
+                    topics=tuple(topics.values()), known_experiments=lambda: {"bench"}, rollup=variant == "rollup")
+    if variant == "poll-only":
+        def discard() -> None:
+            loader._pending.clear()
+            loader._dead.clear()
+            loader._pending_count = 0
+        loader.flush = discard  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
+    cpu0, first_at = time.process_time(), None
+    thread.start()
+    while True:
+        consumed.value = loader.stats.consumed
+        if first_at is None and loader._consumer is not None and loader._consumer.assignment():
+            first_at = time.monotonic()  # the clock starts when the group has given out partitions
+        if loader.stats.consumed >= total and not loader._pending_count:
+            break
+        time.sleep(0.02)
+    done_at = time.monotonic()
+    stop.set()
+    thread.join()
+    cpu = time.process_time() - cpu0
+    elapsed = done_at - (first_at or done_at)
+    out.put({"variant": variant, "consumed": loader.stats.consumed, "loaded": sum(loader.stats.loaded.values()),
+             "seconds": elapsed, "events_per_s": loader.stats.consumed / elapsed if elapsed else float("nan"),
+             "cpu_s_per_1k": 1000 * cpu / max(1, loader.stats.consumed), "batches": loader.stats.batches,
+             "rollup_units": loader.stats.rollup_units})
+
+
+def _run_variant(variant: str, *, bootstrap: str, topics: dict[str, str], total: int, home: Path, progress: Progress) -> dict:
+    ctx = multiprocessing.get_context("spawn")
+    consumed, out = ctx.Value("q", 0), ctx.Queue()
+    task = progress.add_task(variant, total=total)
+    proc = ctx.Process(target=_drain, args=(variant, bootstrap, topics, total, str(home), consumed, out), daemon=True)
+    proc.start()
+    while proc.is_alive() and out.empty():
+        progress.update(task, completed=consumed.value)
+        time.sleep(0.1)
+    progress.update(task, completed=consumed.value)
+    result = out.get(timeout=60)
+    proc.join(timeout=60)
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=100_000, help="requests to pre-fill (~2.5 events each)")
+    parser.add_argument("--label-rate", type=float, default=0.5, help="fraction of requests that get a label")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start one in a temp dir)")
+    parser.add_argument("--json", default=None, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    variants = [v for v in args.variants.split(",") if v]
+    unknown = sorted(set(variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+
+    from ablab.streaming.kafka.broker import BrokerConfig, free_port, start_broker, stop_broker
+    from ablab.streaming.kafka.topics import TopicSpec, create_topics
+
+    console = Console()
+    work = Path(tempfile.mkdtemp(prefix="ablab-bench-loader-"))
+    broker = None
+    bootstrap = args.bootstrap
+    if bootstrap is None:
+        broker = BrokerConfig(directory=work / "kafka", port=free_port(), heap_mb=512)
+        status = start_broker(config=broker)
+        bootstrap = status.bootstrap or broker.bootstrap
+    prefix = f"bl-{uuid.uuid4().hex[:6]}"
+    topics = {kind: f"{prefix}.{kind}" for kind in ("inference", "rum", "feedback")}
+    create_topics(bootstrap=bootstrap, specs=tuple(TopicSpec(name, 3) for name in topics.values()))
+    inference, rum, feedback = _events(args.requests, label_rate=args.label_rate, seed=7)
+    payloads = {"inference": inference, "rum": rum, "feedback": feedback}
+    total = sum(map(len, payloads.values()))
+    results = []
+    try:
+        columns = (TextColumn("{task.description:>10}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=console) as progress:
+            _fill(bootstrap, topics, payloads, progress)
+            for variant in variants:
+                results.append(_run_variant(variant, bootstrap=bootstrap, topics=topics, total=total, home=work, progress=progress))
+    finally:
+        if broker is not None:
+            stop_broker(directory=broker.directory)
+    load = os.getloadavg()
+    table = Table(title=f"loader drain, {total:,} events ({args.requests:,} requests), load {load[0]:.1f}")
+    for col in ("variant", "events/s", "CPU-s / 1k events", "loaded rows", "batches", "vs first"):
+        table.add_column(col, justify="right")
+    base = results[0]["events_per_s"] if results else 1.0
+    for r in results:
+        table.add_row(r["variant"], f"{r['events_per_s']:,.0f}", f"{r['cpu_s_per_1k']:.3f}", f"{r['loaded']:,}",
+                      str(r["batches"]), f"{r['events_per_s'] / base:.2f}×")
+    console.print(table)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"events": total, "load": load, "results": results}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

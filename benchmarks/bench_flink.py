@@ -152,21 +152,49 @@ def _plain_tumble(statements: list[str], config) -> list[str]:
 _BEFORE_CONF = {"table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "500 ms",
                 "table.exec.mini-batch.size": "5000"}
 _ROCKSDB = {"state.backend.type": "rocksdb", "execution.checkpointing.incremental": "true"}
+# Generic incremental checkpoints for the heap backend (FLIP-158): each state change is
+# logged once; the full heap copy is only made at materialization (default every 10 min).
+_CHANGELOG = {"state.changelog.enabled": "true", "state.changelog.storage": "filesystem",
+              "state.changelog.dstl.dfs.base-path": "{checkpoint_dir}/changelog"}
+_UNTUNED_JOIN = {"table.exec.interval-join.min-cleanup-interval": "0 ms"}
+_DEDUP_ROW_NUMBER = "ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival)"
+
+
+_BUCKET_JOIN = re.compile(r"WHERE MOD\(HASH_CODE\(r\.trace_id\), \d+\) = MOD\(HASH_CODE\(i\.trace_id\), \d+\)\s+"
+                          r"AND r\.trace_id >= i\.trace_id AND r\.trace_id <= i\.trace_id")
+
+
+def _trace_key_join(statements: list[str], config) -> list[str]:
+    # The RUM join keyed by trace_id itself, as before 2026-12-03 afternoon.
+    out = [_BUCKET_JOIN.sub("WHERE r.trace_id = i.trace_id", s) for s in statements]
+    assert out != statements, "the job's bucketed RUM join condition was not found"
+    return out
+
+
+def _no_dedup(statements: list[str], config) -> list[str]:
+    return [s.replace(_DEDUP_ROW_NUMBER, "1") for s in statements]
+
 
 VARIANTS: dict[str, tuple] = {
-    # name: (statement transform or None, extra Flink configuration, parallelism)
-    "before": (_before, _BEFORE_CONF, 1),
-    "job": (None, {}, 1),
-    "no-late": (_no_late, {}, 1),
-    "no-percentile": (_no_percentile, {}, 1),
-    "no-rum": (_no_rum, {}, 1),
-    "source-only": (_source_only, {}, 1),
-    "plain-tumble": (_plain_tumble, {}, 1),
-    "rocksdb": (None, _ROCKSDB, 1),
-    "object-reuse": (None, {"pipeline.object-reuse": "true"}, 1),
-    "minibatch": (None, _BEFORE_CONF, 1),
-    "ckpt-30s": (None, {"execution.checkpointing.interval": "30 s"}, 1),
-    "p2": (None, {}, 2),
+    # name: (statement transform or None, extra Flink configuration, parallelism, extra JVM flags)
+    "before": (_before, _BEFORE_CONF, 1, ""),
+    "job": (None, {}, 1, ""),
+    "no-late": (_no_late, {}, 1, ""),
+    "no-percentile": (_no_percentile, {}, 1, ""),
+    "no-rum": (_no_rum, {}, 1, ""),
+    "no-dedup": (_no_dedup, {}, 1, ""),
+    "source-only": (_source_only, {}, 1, ""),
+    "plain-tumble": (_plain_tumble, {}, 1, ""),
+    "rocksdb": (None, _ROCKSDB, 1, ""),
+    "changelog": (None, _CHANGELOG, 1, ""),
+    "minibatch": (None, _BEFORE_CONF, 1, ""),
+    "ckpt-30s": (None, {"execution.checkpointing.interval": "30 s"}, 1, ""),
+    "ttl-60s": (None, {"table.exec.state.ttl": "60 s"}, 1, ""),
+    "parallel-gc": (None, {}, 1, "-XX:+UseParallelGC"),
+    "trace-key-join": (_trace_key_join, _UNTUNED_JOIN, 1, ""),
+    "no-object-reuse": (None, {"pipeline.object-reuse": "false"}, 1, ""),
+    "untuned": (_trace_key_join, {**_UNTUNED_JOIN, "pipeline.object-reuse": "false"}, 1, ""),
+    "p2": (None, {}, 2, ""),
 }
 
 
@@ -194,13 +222,14 @@ def child(args: argparse.Namespace) -> None:
     from ablab.streaming.flink import job
     from ablab.streaming.flink.harness import PipelineTopics, job_config
 
-    transform, extra, parallelism = VARIANTS[args.child]
+    transform, extra, parallelism, _ = VARIANTS[args.child]
     topics = PipelineTopics(args.prefix)
     config = job_config(topics, bootstrap=args.bootstrap, checkpoint_dir=Path(args.checkpoint_dir), bounded=True,
                         checkpoint_interval_s=5.0, parallelism=parallelism, restore=False,
                         transactional_id_prefix=f"{args.prefix}-{args.child}")
     conf = job.flink_configuration(config, connector_jar=job._connector_jar())
-    conf.update(extra)
+    conf.update({key: value.format(checkpoint_dir=Path(args.checkpoint_dir).resolve().as_uri())
+                 for key, value in extra.items()})
     statements = job.statements(config)
     if transform is not None:
         statements = transform(statements, config)
@@ -227,7 +256,7 @@ def child(args: argparse.Namespace) -> None:
 
 def run_variant(variant: str, prefix: str, bootstrap: str, workdir: Path, heap: str, *, jfr: bool = False) -> dict:
     log = workdir / f"{variant}-{prefix}.log"
-    env = dict(os.environ, JVM_ARGS=heap, FLINK_LOG_DIR=str(log.with_suffix(".jvm")))
+    env = dict(os.environ, JVM_ARGS=f"{heap} {VARIANTS[variant][3]}".strip(), FLINK_LOG_DIR=str(log.with_suffix(".jvm")))
     if jfr:  # a JDK Flight Recorder profile of the job's JVM, for `jfr print`
         env["JVM_ARGS"] += " -XX:StartFlightRecording=settings=profile"
         env["BENCH_JFR"] = str(workdir / f"{variant}.jfr")
@@ -300,9 +329,13 @@ def main() -> None:
               f"{'load 1m':>9}", flush=True)
         for variant in variants:
             # Each variant gets its own consumer group / transactional ids (unique prefix per run).
-            base = run_variant(variant, empty.prefix, bootstrap, workdir, args.heap)
-            loaded = os.getloadavg()[0]
-            run = run_variant(variant, full.prefix, bootstrap, workdir, args.heap, jfr=args.jfr)
+            try:
+                base = run_variant(variant, empty.prefix, bootstrap, workdir, args.heap)
+                loaded = os.getloadavg()[0]
+                run = run_variant(variant, full.prefix, bootstrap, workdir, args.heap, jfr=args.jfr)
+            except RuntimeError as error:  # one broken variant does not end the comparison
+                print(f"{variant:<14}failed: {str(error)[-600:]}", flush=True)
+                continue
             loaded = (loaded + os.getloadavg()[0]) / 2
             processing = run["net_s"] - base["net_s"]
             cpu = run["cpu_s"] - base["cpu_s"]

@@ -26,6 +26,39 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def closed_port() -> int:
+    """A local port nothing listens on (a broker that is down)."""
+    port = free_port()
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    return port
+
+
+def run_child(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` with ``python -c`` (a fresh process: chDB allows one store per process);
+    it can ``import ablab_testing``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout, env=env)
+
+
+RAW_FRAME_COLUMNS = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",
+                     "tpot_ms", "cost_usd", "price_version", "error", "strategy", "correct", "source", "payload",
+                     "kafka_partition", "kafka_offset"]
+
+
+def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-connect client, a pandas frame
+    """Write ``platform.stats.synthetic`` events into ``raw_events`` as the loader would."""
+    ev = ev.copy()
+    ev["event_id"] = [f"e{i}" for i in range(len(ev))]
+    ev["ts"] = ev["ts"].dt.floor("ms")
+    for col in ("trace_id", "experiment", "variant", "unit_id", "price_version", "source"):
+        ev[col] = ev[col].fillna("")
+    ev["strategy"], ev["payload"], ev["kafka_partition"] = "{}", "", 0
+    ev["kafka_offset"] = range(len(ev))
+    ev["correct"] = ev["correct"].astype("UInt8")
+    client.insert_df("raw_events", ev[RAW_FRAME_COLUMNS])
+
+
 def postgres_admin_url() -> str | None:
     return os.environ.get("ABLAB_TEST_POSTGRES_URL")
 

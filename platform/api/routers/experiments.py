@@ -15,8 +15,14 @@ from ablab.platform.registry.schemas import AuditRead, ExperimentCreate, Experim
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 
 
-def _etag(response: Response, version: int) -> None:
-    response.headers["ETag"] = f'"{version}"'
+def _versioned(response: Response, exp) -> ExperimentRead:  # noqa: ANN001 - a registry Experiment row
+    """The read model, with the version as ETag for the next If-Match."""
+    response.headers["ETag"] = f'"{exp.version}"'
+    return service.to_read(exp)
+
+
+def _optional_version(if_match: str | None) -> int | None:
+    return parse_if_match(if_match) if if_match is not None else None
 
 
 @router.post("", status_code=status.HTTP_201_CREATED, responses=responses(Conflict, Invalid))
@@ -24,9 +30,8 @@ def create_experiment(
     body: ExperimentCreate, session: SessionDep, state: StateDep, principal: Editor, response: Response
 ) -> ExperimentRead:
     exp = service.create_experiment(session, data=body, actor=principal.name, bucket_space=state.settings.bucket_space)
-    _etag(response, exp.version)
     response.headers["Location"] = f"/v1/experiments/{exp.key}"
-    return service.to_read(exp)
+    return _versioned(response, exp)
 
 
 @router.get("")
@@ -46,8 +51,7 @@ def list_experiments(
 @router.get("/{key}", responses=responses(NotFound))
 def get_experiment(key: str, session: SessionDep, _: Viewer, response: Response) -> ExperimentRead:
     exp = service.get_experiment(session, key)
-    _etag(response, exp.version)
-    return service.to_read(exp)
+    return _versioned(response, exp)
 
 
 @router.patch("/{key}", responses=responses(NotFound, PreconditionFailed, PreconditionRequired, Conflict, Invalid))
@@ -62,8 +66,7 @@ def update_experiment(
     exp = service.update_experiment(
         session, key=key, data=body, expected_version=parse_if_match(if_match), actor=principal.name
     )
-    _etag(response, exp.version)
-    return service.to_read(exp)
+    return _versioned(response, exp)
 
 
 def _lifecycle(action: str):  # noqa: ANN202
@@ -74,10 +77,9 @@ def _lifecycle(action: str):  # noqa: ANN202
         response: Response,
         if_match: Annotated[str | None, Header()] = None,
     ) -> ExperimentRead:
-        expected = parse_if_match(if_match) if if_match is not None else None
+        expected = _optional_version(if_match)
         exp = service.transition(session, key=key, action=action, actor=principal.name, expected_version=expected)
-        _etag(response, exp.version)
-        return service.to_read(exp)
+        return _versioned(response, exp)
 
     endpoint.__name__ = f"{action}_experiment"
     endpoint.__doc__ = f"Lifecycle: {action} the experiment (If-Match optional)."
@@ -104,10 +106,9 @@ def pause_variant(
     if_match: Annotated[str | None, Header()] = None,
 ) -> ExperimentRead:
     """Stop serving one variant (its units get no assignment) without touching the others."""
-    expected = parse_if_match(if_match) if if_match is not None else None
+    expected = _optional_version(if_match)
     exp = service.pause_variant(session, key=key, variant=variant, reason=reason, actor=principal.name, expected_version=expected)
-    _etag(response, exp.version)
-    return service.to_read(exp)
+    return _versioned(response, exp)
 
 
 @router.post("/{key}/variants/{variant}/resume", responses=responses(NotFound, PreconditionFailed))
@@ -120,10 +121,9 @@ def resume_variant(
     if_match: Annotated[str | None, Header()] = None,
 ) -> ExperimentRead:
     """Serve a paused variant again (a weight change never does this silently)."""
-    expected = parse_if_match(if_match) if if_match is not None else None
+    expected = _optional_version(if_match)
     exp = service.resume_variant(session, key=key, variant=variant, actor=principal.name, expected_version=expected)
-    _etag(response, exp.version)
-    return service.to_read(exp)
+    return _versioned(response, exp)
 
 
 @router.get("/{key}/audit", responses=responses(NotFound))

@@ -9,7 +9,6 @@ emitter's in-memory queue, so the exit must come well inside that.
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -17,16 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ablab_testing import free_port, start_api
+from ablab_testing import closed_port, start_api
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _closed_port() -> int:
-    port = free_port()
-    with socket.socket() as s:
-        assert s.connect_ex(("127.0.0.1", port)) != 0
-    return port
 
 
 def _spooled_lines(home: Path) -> int:
@@ -38,7 +30,7 @@ def test_sigterm_with_the_broker_down_exits_fast_and_spools_everything(tmp_path:
     home.mkdir()
     server = start_api(f"sqlite:///{home / 'registry.db'}", home, extra_env={
         "ABLAB_ANALYTICS": "true",  # embedded chDB: the API runs the loader
-        "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{_closed_port()}",
+        "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{closed_port()}",
     })
     try:
         labels = [{"v": 1, "type": "feedback", "ts": datetime.now(UTC).isoformat(), "trace_id": uuid.uuid4().hex,
@@ -69,7 +61,7 @@ def test_api_restart_replays_the_spool_of_its_predecessor(tmp_path: Path, kafka_
     home = tmp_path / "home"
     home.mkdir()
     db = f"sqlite:///{home / 'registry.db'}"
-    first = start_api(db, home, extra_env={"ABLAB_ANALYTICS": "false", "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{_closed_port()}"})
+    first = start_api(db, home, extra_env={"ABLAB_ANALYTICS": "false", "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{closed_port()}"})
     marker = uuid.uuid4().hex
     try:
         labels = [{"v": 1, "type": "feedback", "ts": datetime.now(UTC).isoformat(), "trace_id": f"{marker}-{i}",

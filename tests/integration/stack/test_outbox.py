@@ -8,25 +8,17 @@ spool shows exactly what the API accepted, event_ids included.
 from __future__ import annotations
 
 import json
-import socket
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
 import pytest
-from ablab_testing import free_port, start_api, stop_api
+from ablab_testing import closed_port, start_api, stop_api
 
 from ablab.platform.stack.outbox import Forwarder, event_id_for, http_poster
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def _closed_port() -> int:
-    port = free_port()
-    with socket.socket() as s:
-        assert s.connect_ex(("127.0.0.1", port)) != 0
-    return port
 
 
 def _label(trace: str) -> dict:
@@ -64,7 +56,7 @@ def test_forwarder_ships_each_line_once_with_stable_ids(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     server = start_api(f"sqlite:///{home / 'registry.db'}", home,
-                       extra_env={"ABLAB_ANALYTICS": "false", "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{_closed_port()}"})
+                       extra_env={"ABLAB_ANALYTICS": "false", "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{closed_port()}"})
     outbox = home / "outbox"
     outbox.mkdir()
     try:
@@ -80,7 +72,7 @@ def test_forwarder_ships_each_line_once_with_stable_ids(tmp_path: Path) -> None:
             at += len(line)
         expected_ids = {event_id_for("worker-0.jsonl", off + (25 if i == 10 else 0)) for i, off in enumerate(offsets)}
 
-        unreachable = Forwarder(outbox, post=http_poster(f"http://127.0.0.1:{_closed_port()}", server.tokens["sdk"], timeout_s=2))
+        unreachable = Forwarder(outbox, post=http_poster(f"http://127.0.0.1:{closed_port()}", server.tokens["sdk"], timeout_s=2))
         with pytest.raises(httpx.HTTPError):
             unreachable.step()
         assert unreachable.positions == {} and not (outbox / ".positions.json").exists()  # nothing acknowledged

@@ -4,11 +4,10 @@ optimistic locking, an audit entry that says why — from the guardrail monitor'
 Runs in a child process (chDB: one owner per data directory)."""
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from ablab_testing import run_child
 
 pytestmark = pytest.mark.integration
 
@@ -45,17 +44,9 @@ CHILD = textwrap.dedent("""
     apply_ddl(client)
     import pandas as pd
     ev = pd.concat([ev, users], ignore_index=True)
-    ev["event_id"] = [f"e{i}" for i in range(len(ev))]
-    ev["ts"] = ev["ts"].dt.floor("ms")
-    for col in ("trace_id", "experiment", "variant", "unit_id", "price_version", "source"):
-        ev[col] = ev[col].fillna("")
-    ev["strategy"], ev["payload"], ev["kafka_partition"] = "{}", "", 0
-    ev["kafka_offset"] = range(len(ev))
-    ev["correct"] = ev["correct"].astype("UInt8")
-    cols = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",
-            "tpot_ms", "cost_usd", "price_version", "error", "strategy", "correct", "source", "payload",
-            "kafka_partition", "kafka_offset"]
-    client.insert_df("raw_events", ev[cols])
+    from ablab_testing import insert_synthetic_raw
+
+    insert_synthetic_raw(client, ev)
 
     url = f"sqlite:///{db}"
     upgrade(url)
@@ -114,8 +105,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_allocator_reweights_request_experiment_through_the_registry(tmp_path):
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db")],
-                         capture_output=True, text=True, timeout=300)
+    out = run_child(CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["p95"]["slow"] > got["sla"] > got["p95"]["better"]

@@ -3,11 +3,10 @@ paused in a real (SQLite, migrated) registry, with the reason in the audit log; 
 healthy experiments are left alone. Runs in a child process (chDB: one owner per directory)."""
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from ablab_testing import run_child
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +33,9 @@ CHILD = textwrap.dedent("""
 
     client = make_client(f"chdb:///{store}")
     apply_ddl(client)
-    ev["event_id"] = [f"e{i}" for i in range(len(ev))]
-    ev["ts"] = ev["ts"].dt.floor("ms")
-    for col in ("trace_id", "experiment", "variant", "unit_id", "price_version", "source"):
-        ev[col] = ev[col].fillna("")
-    ev["strategy"], ev["payload"], ev["kafka_partition"] = "{}", "", 0
-    ev["kafka_offset"] = range(len(ev))
-    ev["correct"] = ev["correct"].astype("UInt8")
-    cols = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",
-            "tpot_ms", "cost_usd", "price_version", "error", "strategy", "correct", "source", "payload",
-            "kafka_partition", "kafka_offset"]
-    client.insert_df("raw_events", ev[cols])
+    from ablab_testing import insert_synthetic_raw
+
+    insert_synthetic_raw(client, ev)
 
     url = f"sqlite:///{db}"
     upgrade(url)
@@ -72,8 +63,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_breached_guardrail_pauses_variant_with_audit(tmp_path):
-    out = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db")],
-                         capture_output=True, text=True, timeout=240)
+    out = run_child(CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db"), timeout=240)
     assert out.returncode == 0, out.stderr[-3000:]
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert got["p95"]["slow"] > got["sla"] > got["p95"]["control"]

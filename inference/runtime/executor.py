@@ -194,6 +194,8 @@ class Executor:
             raise ValueError("forward_chunks: every chunk needs at least one token")
         if any(lens[i] != 1 for i in range(n_decode)):
             raise ValueError("forward_chunks: decode chunks are one token each")
+        if len(chunks) == 1 and starts[0] == 0 and n_decode == 0:  # one whole prompt: the leaner prefill path
+            return self.prefill(chunks[0], pool=pool, slot=slots[0], adapter=adapters[0]).unsqueeze(0)
         ends = [s + n for s, n in zip(starts, lens)]
         if max(ends) > self.cfg.max_len:
             raise ValueError(f"prompt: {max(ends)} tokens leave no room to generate (max_len {self.cfg.max_len})")

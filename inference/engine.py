@@ -178,7 +178,8 @@ class Engine:
     def _forward(self) -> None:
         plan = self._plan_chunks()
         if not plan:
-            self._decode()
+            if self.running:
+                self._decode()
             return
         try:
             self._run(self.running, plan)

@@ -113,8 +113,17 @@ def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
         client.insert("rollup_events", unit_rows, column_names=list(ROLLUP_EVENT_COLUMNS))
     if fact_rows:
         client.insert("rollup_traces", fact_rows, column_names=list(ROLLUP_TRACE_COLUMNS))
-    # traces whose label/billing ↔ inference pair this batch may complete
-    pairs = sorted(traces | {r[3] for r in unit_rows if r[3]})
+    # Traces whose label/billing ↔ inference pair this batch may complete: the batch's labels,
+    # and those of its inference events whose label was loaded first (usually few, so they
+    # are looked up before the join rather than joined wholesale).
+    pairs = set(traces)
+    inference_traces = sorted({r[3] for r in unit_rows if r[3]} - traces)
+    for i in range(0, len(inference_traces), _UNITS_PER_RECOMPUTE):
+        pairs.update(row[0] for row in client.query(
+            "SELECT DISTINCT trace_id FROM rollup_traces WHERE type IN ('feedback', 'cost') AND trace_id IN {traces:Array(String)}",
+            parameters={"traces": inference_traces[i:i + _UNITS_PER_RECOMPUTE]},
+        ).result_rows)
+    pairs = sorted(pairs)
     for i in range(0, len(pairs), _UNITS_PER_RECOMPUTE):
         client.command(_MATCH_SQL, parameters={"traces": pairs[i:i + _UNITS_PER_RECOMPUTE]})
     if traces:

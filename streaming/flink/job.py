@@ -79,12 +79,6 @@ class JobConfig:
     group_id: str = "ablab-flink"
     out_of_orderness_s: float = 2.0
     rum_horizon_s: float = 10.0
-    rum_join_buckets: int = 4096
-    """The RUM interval join is keyed by ``HASH_CODE(trace_id) mod rum_join_buckets``, with
-    trace equality checked on each pair (sql/30_transform.sql): one state key and one
-    cleanup timer per bucket instead of per request. Each arriving event is compared with
-    the other side's rows of its bucket within the horizon, so more buckets mean fewer
-    comparisons and more keys; results do not depend on it."""
     idle_timeout_s: float = 0.0
     """0 (default): a partition without records holds the watermark back. > 0 lets the job
     move on without an idle partition; that partition's next events may then be behind the
@@ -121,8 +115,6 @@ class JobConfig:
             raise JobConfigError(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
         if self.dedup_ttl_s <= 0:
             raise JobConfigError(f"dedup_ttl_s must be > 0, got {self.dedup_ttl_s}")
-        if self.rum_join_buckets < 1:
-            raise JobConfigError(f"rum_join_buckets must be >= 1, got {self.rum_join_buckets}")
         if self.parallelism < 1:
             raise JobConfigError(f"parallelism must be >= 1, got {self.parallelism}")
 
@@ -135,7 +127,6 @@ class JobConfig:
             "group_id": self.group_id,
             "out_of_orderness_s": f"{self.out_of_orderness_s:.3f}",
             "rum_horizon_s": f"{self.rum_horizon_s:.3f}",
-            "rum_join_buckets": str(self.rum_join_buckets),
             "bounded_mode": "latest-offset" if self.bounded else "unbounded",
             "delivery_guarantee": self.delivery_guarantee,
             "transactional_id_prefix": self.transactional_id_prefix,
@@ -218,11 +209,6 @@ def flink_configuration(config: JobConfig, *, connector_jar: Path | None) -> dic
         # operators do not keep references to their inputs across records; the bounded test
         # runs with this configuration.
         "pipeline.object-reuse": "true",
-        # The RUM join is keyed by trace_id bucket (sql/30_transform.sql): clean a bucket's
-        # expired rows at most once per second of event time, not at every watermark step.
-        # Rows are only dropped later, never matched outside the horizon (an inner join
-        # checks the time bounds on every pair), and the output watermark is not delayed.
-        "table.exec.interval-join.min-cleanup-interval": "1 s",
         "restart-strategy.type": "fixed-delay",
         "restart-strategy.fixed-delay.attempts": "3",
         "restart-strategy.fixed-delay.delay": "2 s",

@@ -113,18 +113,10 @@ FROM (
 
 -- RUM counted in its inference event's window: the interval join matches on-time RUM and
 -- inference events of one trace_id whose event times lie within the RUM horizon.
--- The join is keyed by a hash bucket of trace_id (JobConfig.rum_join_buckets), not by
--- trace_id: keyed by trace_id, every inference event became a state key of its own with its
--- own cleanup timer, and the join spent most of its CPU on those keys and timers (cold
--- hash-map lookups, one timer fired per event) whether or not a RUM event ever came
--- (docs/benchmarks/pipeline.md). Trace equality stays an exact condition on every matched
--- pair; it is written as two comparisons so that the planner does not make trace_id the
--- key again (a >= b AND a <= b is a = b for strings).
 CREATE TEMPORARY VIEW rum_joined AS
 SELECT i.ts AS rt, i.experiment, i.`variant`, r.e2e_ms
 FROM rum_on_time r, inference_on_time i
-WHERE MOD(HASH_CODE(r.trace_id), ${rum_join_buckets}) = MOD(HASH_CODE(i.trace_id), ${rum_join_buckets})
-  AND r.trace_id >= i.trace_id AND r.trace_id <= i.trace_id
+WHERE r.trace_id = i.trace_id
   AND r.ts BETWEEN i.ts - INTERVAL '${rum_horizon_s}' SECOND AND i.ts + INTERVAL '${rum_horizon_s}' SECOND;
 
 CREATE TEMPORARY VIEW rum_window_stats AS

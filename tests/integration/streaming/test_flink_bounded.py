@@ -47,11 +47,7 @@ def _key(row) -> tuple[str, str, int]:
     return row["experiment"], row["variant"], int(moment.timestamp() * 1000)
 
 
-# One bucket puts every trace into one key of the RUM join, so each RUM event is compared with
-# every inference event of the horizon: only the exact trace equality of the join can keep
-# the rows equal to the offline join then.
-@pytest.mark.parametrize("rum_join_buckets", [job.JobConfig().rum_join_buckets, 1])
-def test_windows_on_bounded_input_match_the_offline_computation(tmp_path, rum_join_buckets):
+def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     stream = ref.canned_stream(start=START, windows=4, per_window=30, experiment="b", jitter_ms=0, seed=3)
     # Sorted by time: on a bounded file nothing is late, so every valid event is windowed.
     inference = sorted(stream.inference, key=lambda e: e["ts"])
@@ -66,8 +62,8 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path, rum_jo
     with open(paths["rum_events"], "wb") as handle:
         handle.write(b"\n".join(json.dumps(e).encode() for e in rum) + b"\n")
 
-    config = job.JobConfig(out_of_orderness_s=2.0, rum_horizon_s=10.0, rum_join_buckets=rum_join_buckets)
-    # The job's own execution options (object reuse, state TTL, join cleanup, no mini-batch),
+    config = job.JobConfig(out_of_orderness_s=2.0, rum_horizon_s=10.0)
+    # The job's own execution options (object reuse, state TTL, no mini-batch),
     # without checkpointing: the file input is bounded and nothing here restarts.
     conf = {key: value for key, value in job.flink_configuration(config, connector_jar=None).items()
             if not key.startswith(("execution.checkpointing", "restart-strategy"))}

@@ -36,8 +36,7 @@ def test_unknown_placeholder_is_an_error():
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [({"out_of_orderness_s": -1}, "out_of_orderness_s"), ({"checkpoint_interval_s": 0}, "checkpoint_interval_s"),
-     ({"delivery_guarantee": "maybe"}, "delivery_guarantee"), ({"parallelism": 0}, "parallelism"),
-     ({"rum_join_buckets": 0}, "rum_join_buckets")],
+     ({"delivery_guarantee": "maybe"}, "delivery_guarantee"), ({"parallelism": 0}, "parallelism")],
 )
 def test_bad_configuration_names_the_field(kwargs, field):
     with pytest.raises(JobConfigError, match=field):

@@ -154,21 +154,52 @@ class LoadRun:
     requests: list[tuple[float, float | None, float]]
 
 
-def poisson_trace(bundle: Bundle, *, rate: float, duration_s: float, seed: int) -> list[tuple[float, list[int]]]:
-    """Arrival offsets and prompts, made before the clock starts (the generator's own work
-    then does not compete with the engine, and every policy gets the same trace)."""
+WORKLOADS = ("task", "serving")
+SERVING_OUT = (4, 48)  # serving workload: output length uniform over this range (tokens)
+TASK_MAX_NEW = 4  # task workload: answers are 1–3 tokens + EOS
+
+
+def serving_target(rng: random.Random, prompt_len: int, max_len: int) -> int:
+    """A serving request's fixed output length: uniform over SERVING_OUT, clipped so that
+    prompt + output fits the model's context (the engine stops at max_len anyway; clipping
+    here makes the target the exact count that is generated)."""
+    return max(1, min(rng.randint(*SERVING_OUT), max_len - prompt_len))
+
+
+def make_request(ids: list[int], target: int | None) -> GenRequest:
+    """task workload (target None): the task's answer, stop at EOS; serving workload: exactly
+    `target` tokens, EOS ignored (vLLM benchmark_serving's --ignore-eos with sampled lengths)."""
+    if target is None:
+        return GenRequest(prompt_ids=ids, max_new_tokens=TASK_MAX_NEW)
+    return GenRequest(prompt_ids=ids, max_new_tokens=target, ignore_eos=True)
+
+
+def poisson_trace(bundle: Bundle, *, rate: float, duration_s: float, seed: int, workload: str = "task") -> list[tuple[float, list[int], int | None]]:
+    """Arrival offsets, prompts and (serving workload) target output lengths, made before the
+    clock starts (the generator's own work then does not compete with the engine, and every
+    policy gets the same trace). Prompts come from the held-out task generator either way."""
+    assert workload in WORKLOADS, workload
     rng = random.Random(seed)
-    out: list[tuple[float, list[int]]] = []
+    out: list[tuple[float, list[int], int | None]] = []
     t = 0.0
     while True:
         t += rng.expovariate(rate)
         if t > duration_s:
             return out
         e = tasks.sample(rng.choice(tasks.BASE_DOMAINS), rng, split="heldout")
-        out.append((t, bundle.tokenizer.encode(e.text)))
+        ids = bundle.tokenizer.encode(e.text)
+        target = serving_target(rng, len(ids), bundle.model.cfg.max_len) if workload == "serving" else None
+        out.append((t, ids, target))
 
 
-def run_trace(bundle: Bundle, *, device: str, batching: BatchingConfig, trace: list[tuple[float, list[int]]], duration_s: float, grace_s: float = 2.0, max_new_tokens: int = 4) -> LoadRun:
+def request_metrics(r: GenRequest) -> tuple[float, float | None, float]:
+    """(TTFT ms, TPOT ms or None, e2e ms) as DESIGN.md defines them; output tokens are the
+    engine's `tokens` (a stopping EOS is not counted, as in the worker's `tpot_ms`)."""
+    tpot = (r.e2e_s - r.ttft_s) * 1000 / (len(r.tokens) - 1) if len(r.tokens) > 1 else None
+    return r.ttft_s * 1000, tpot, r.e2e_s * 1000
+
+
+def run_trace(bundle: Bundle, *, device: str, batching: BatchingConfig, trace: list[tuple], duration_s: float, grace_s: float = 2.0) -> LoadRun:
     """Open-loop: submit each prompt at its offset into one engine; wait at most `grace_s`
     past the end (a request still unfinished then has missed any sensible SLO)."""
     ex = Executor(bundle.model, runtime=RuntimeConfig(), predictors=bundle.predictors, adapters=bundle.adapters, device=device)
@@ -177,11 +208,11 @@ def run_trace(bundle: Bundle, *, device: str, batching: BatchingConfig, trace: l
     eng.start()
     reqs: list[GenRequest] = []
     t_start = time.perf_counter()
-    for offset, ids in trace:
+    for offset, ids, target in trace:
         delay = t_start + offset - time.perf_counter()
         if delay > 0:
             time.sleep(delay)
-        reqs.append(eng.submit(GenRequest(prompt_ids=ids, max_new_tokens=max_new_tokens)))
+        reqs.append(eng.submit(make_request(ids, target)))
     deadline = t_start + duration_s + grace_s
     for r in reqs:
         r.done.wait(max(0.0, deadline - time.perf_counter()))
@@ -192,8 +223,7 @@ def run_trace(bundle: Bundle, *, device: str, batching: BatchingConfig, trace: l
         if not r.done.is_set() or r.error:
             out.append((inf, None, inf))
             continue
-        tpot = (r.e2e_s - r.ttft_s) * 1000 / (len(r.tokens) - 1) if len(r.tokens) > 1 else None
-        out.append((r.ttft_s * 1000, tpot, r.e2e_s * 1000))
+        out.append(request_metrics(r))
     return LoadRun(duration_s, out)
 
 
@@ -226,19 +256,19 @@ def policy_name(b: BatchingConfig) -> str:
     return b.policy
 
 
-def load_test(bundle: Bundle, *, device: str, batching: BatchingConfig, rate: float, duration_s: float, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5) -> LoadResult:
+def load_test(bundle: Bundle, *, device: str, batching: BatchingConfig, rate: float, duration_s: float, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5, workload: str = "task") -> LoadResult:
     """Open-loop Poisson arrivals into one engine; goodput = requests/s meeting both SLOs."""
-    trace = poisson_trace(bundle, rate=rate, duration_s=duration_s, seed=seed)
+    trace = poisson_trace(bundle, rate=rate, duration_s=duration_s, seed=seed, workload=workload)
     run = run_trace(bundle, device=device, batching=batching, trace=trace, duration_s=duration_s)
     return summarize(policy_name(batching), rate, [run], slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
 
 
-def load_sweep(bundle: Bundle, *, device: str, policies: list[BatchingConfig], rate: float, duration_s: float, reps: int, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5) -> list[LoadResult]:
+def load_sweep(bundle: Bundle, *, device: str, policies: list[BatchingConfig], rate: float, duration_s: float, reps: int, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5, workload: str = "task") -> list[LoadResult]:
     """Every policy on the same `reps` Poisson traces, interleaved (rep by rep, policies in
     rotating order), so drift in a shared machine's load hits every policy alike."""
     runs: dict[int, list[LoadRun]] = {i: [] for i in range(len(policies))}
     for rep in range(reps):
-        trace = poisson_trace(bundle, rate=rate, duration_s=duration_s, seed=seed + rep)
+        trace = poisson_trace(bundle, rate=rate, duration_s=duration_s, seed=seed + rep, workload=workload)
         order = list(range(len(policies)))
         order = order[rep % len(order):] + order[: rep % len(order)]
         for i in order:
@@ -246,21 +276,33 @@ def load_sweep(bundle: Bundle, *, device: str, policies: list[BatchingConfig], r
     return [summarize(policy_name(p), rate, runs[i], slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms) for i, p in enumerate(policies)]
 
 
-def service_time(bundle: Bundle, *, device: str, n: int = 60, seed: int = 5) -> dict[str, float]:
-    """Closed loop, one request at a time (no queueing): median TTFT, TPOT and e2e in ms.
-    Many samples, so one stall on a shared machine does not set the load levels."""
+def service_time(bundle: Bundle, *, device: str, n: int = 60, seed: int = 5, workload: str = "task") -> dict[str, float]:
+    """Closed loop, one request at a time (no queueing): median TTFT, TPOT and e2e in ms of
+    the workload's own requests. Many samples, so one stall on a shared machine does not set
+    the load levels."""
     ex = Executor(bundle.model, runtime=RuntimeConfig(), predictors=bundle.predictors, device=device)
     eng = Engine(ex, batching=BatchingConfig("none", 1, 0), eos_id=bundle.tokenizer.eos_id, slots=1)
-    rng = random.Random(seed)
     ttft, tpot, e2e = [], [], []
-    for _ in range(n):
-        e = tasks.sample(rng.choice(tasks.BASE_DOMAINS), rng, split="heldout")
-        r = eng.generate(bundle.tokenizer.encode(e.text), max_new_tokens=4)
-        ttft.append(r.ttft_s * 1000)
-        e2e.append(r.e2e_s * 1000)
-        if len(r.tokens) > 1:
-            tpot.append((r.e2e_s - r.ttft_s) * 1000 / (len(r.tokens) - 1))
+    for _, ids, target in _first_requests(bundle, n=n, seed=seed, workload=workload):
+        req = eng.submit(make_request(ids, target))
+        while not req.done.is_set():
+            eng.step(block=False)
+        a, b, c = request_metrics(req)
+        ttft.append(a)
+        e2e.append(c)
+        if b is not None:
+            tpot.append(b)
     return {"ttft_p50": statistics.median(ttft), "tpot_p50": statistics.median(tpot), "e2e_p50": statistics.median(e2e)}
+
+
+def _first_requests(bundle: Bundle, *, n: int, seed: int, workload: str) -> list[tuple[float, list[int], int | None]]:
+    """The first `n` requests of a trace (arrival times unused: served one at a time)."""
+    out: list[tuple[float, list[int], int | None]] = []
+    duration = float(n)
+    while len(out) < n:
+        out = poisson_trace(bundle, rate=1.0, duration_s=duration, seed=seed, workload=workload)
+        duration *= 2
+    return out[:n]
 
 
 def lora_table(bundle: Bundle, *, device: str, n: int = 200) -> dict[str, tuple[float, float]]:

@@ -29,6 +29,9 @@ class GenRequest:
     prompt_ids: list[int]
     adapter: int = 0
     max_new_tokens: int = 8
+    # serving-benchmark mode (vLLM-style fixed output length): EOS is an ordinary token and
+    # generation runs to max_new_tokens (or the model's max_len); off everywhere else
+    ignore_eos: bool = False
     submitted: float = 0.0
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -230,7 +233,7 @@ class Engine:
     def _append(self, req: GenRequest, tok: int, lp: float, now: float) -> None:
         if req.first_token_at is None:
             req.first_token_at = now
-        if tok == self.eos_id:
+        if tok == self.eos_id and not req.ignore_eos:
             self._finish(req)
             return
         req.tokens.append(tok)

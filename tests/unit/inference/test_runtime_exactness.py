@@ -253,3 +253,76 @@ def test_engine_rejects_an_overlong_prompt_alone(tiny_bundle):
     assert ok.error is None and ok.tokens
     assert bad.error is not None and "prompt" in bad.error
     assert len(eng.pool.free) == 4  # every slot back
+
+
+def _run_alone(bundle, eos_id, prompt_ids, target):
+    from ablab.inference.engine import GenRequest
+
+    ex = Executor(bundle.model, runtime=RuntimeConfig(), adapters=bundle.adapters)
+    eng = Engine(ex, batching=BatchingConfig("none", max_batch=1, window_ms=0), eos_id=eos_id, slots=1)
+    req = eng.submit(GenRequest(prompt_ids=prompt_ids, max_new_tokens=target, ignore_eos=True))
+    while not req.done.is_set():
+        eng.step(block=False)
+    return req
+
+
+def test_ignore_eos_generates_exactly_the_target_length(tiny_bundle):
+    """Serving-benchmark requests: EOS is an ordinary token and generation runs to the target.
+    The engine's EOS is set to the token the model emits first, so a normal request stops at
+    once and an ignore-EOS one must run through EOS (also at later positions)."""
+    from ablab.inference.engine import GenRequest
+
+    ids = tiny_bundle.tokenizer.encode(PROMPTS[1])
+    first = _run_alone(tiny_bundle, tiny_bundle.tokenizer.eos_id, ids, 1).tokens[0]
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig())
+    eng = Engine(ex, batching=BatchingConfig("none", max_batch=1, window_ms=0), eos_id=first, slots=1)
+    normal = eng.submit(GenRequest(prompt_ids=ids, max_new_tokens=20))
+    while not normal.done.is_set():
+        eng.step(block=False)
+    assert normal.error is None and normal.tokens == []  # stopped at the "EOS"
+    for target in (1, 2, 20, ex.cfg.max_len - len(ids)):  # the last one fills the context exactly
+        r = _run_alone(tiny_bundle, first, ids, target)
+        assert r.error is None
+        assert len(r.tokens) == target == len(r.logprobs)
+        assert r.tokens[0] == first
+
+
+def test_ignore_eos_batched_equals_unbatched(tiny_bundle):
+    """Requests with target lengths and ignore-EOS, served together by the adaptive engine
+    (continuous batching, prompts chunked across decode steps, sequences finishing at
+    different steps) generate the same tokens and log-probs as each one alone."""
+    from ablab.inference.engine import GenRequest
+
+    prompts = [tiny_bundle.tokenizer.encode(p) for p in PROMPTS]
+    eos = _run_alone(tiny_bundle, tiny_bundle.tokenizer.eos_id, prompts[0], 1).tokens[0]
+    targets = [30, 4, 64 - len(prompts[2]), 1, 17]
+    single = [_run_alone(tiny_bundle, eos, p, t) for p, t in zip(prompts, targets)]
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig(), adapters=tiny_bundle.adapters)
+    eng = Engine(ex, batching=BatchingConfig("adaptive", max_batch=8, window_ms=0), eos_id=eos, slots=8)
+    eng.scheduler.prefill_budget = lambda decoding, progress=None: 8  # force chunked prompts
+    reqs = [eng.submit(GenRequest(prompt_ids=p, max_new_tokens=t, ignore_eos=True)) for p, t in zip(prompts[:3], targets[:3])]
+    for _ in range(3):  # later arrivals join a running batch
+        eng.step(block=False)
+    reqs += [eng.submit(GenRequest(prompt_ids=p, max_new_tokens=t, ignore_eos=True)) for p, t in zip(prompts[3:], targets[3:])]
+    while not all(r.done.is_set() for r in reqs):
+        eng.step(block=False)
+    assert any(eos in r.tokens for r in reqs)  # EOS really was generated and ignored
+    for s, b, t in zip(single, reqs, targets):
+        assert b.error is None and len(b.tokens) == t
+        assert s.tokens == b.tokens
+        assert max((abs(x - y) for x, y in zip(s.logprobs, b.logprobs)), default=0.0) <= 1e-4
+    assert len(eng.pool.free) == 8
+
+
+def test_serving_trace_targets_fit_the_context(tiny_bundle):
+    from ablab.inference import benchmark as b
+
+    trace = b.poisson_trace(tiny_bundle, rate=200.0, duration_s=2.0, seed=1, workload="serving")
+    assert len(trace) > 100
+    lens = [t for _, _, t in trace]
+    assert all(1 <= t <= b.SERVING_OUT[1] and len(ids) + t <= tiny_bundle.model.cfg.max_len for _, ids, t in trace)
+    assert min(lens) <= 8 and max(lens) >= 35  # a wide spread, not one length
+    assert all(t is None for _, _, t in b.poisson_trace(tiny_bundle, rate=200.0, duration_s=0.5, seed=1, workload="task"))
+    req = b.make_request(trace[0][1], trace[0][2])
+    assert req.ignore_eos and req.max_new_tokens == trace[0][2]
+    assert not b.make_request(trace[0][1], None).ignore_eos

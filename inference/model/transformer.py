@@ -51,12 +51,18 @@ class Block(nn.Module):
         self.down = nn.Linear(cfg.d_ff, cfg.d_model)
 
     def forward(self, x: torch.Tensor, lora: LoRAWeights | None = None) -> torch.Tensor:
+        return self.ffn(self.attend(x, lora), lora)
+
+    def attend(self, x: torch.Tensor, lora: LoRAWeights | None = None) -> torch.Tensor:
         b, t, d = x.shape
         h = self.ln1(x)
         qkv = self.qkv(h) + (lora.delta("qkv", h) if lora else 0)
         q, k, v = qkv.view(b, t, 3, self.cfg.n_heads, self.cfg.head_dim).permute(2, 0, 3, 1, 4)
         att = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(b, t, d)
-        x = x + self.out(att) + (lora.delta("out", att) if lora else 0)
+        return x + self.out(att) + (lora.delta("out", att) if lora else 0)
+
+    def ffn(self, x: torch.Tensor, lora: LoRAWeights | None = None) -> torch.Tensor:
+        """The FFN half; position-wise, so it may run on any subset of positions ([B, T, d] or [1, N, d])."""
         h = self.ln2(x)
         pre = self.up(h) + (lora.delta("up", h) if lora else 0)
         act = F.relu(pre)
@@ -83,6 +89,28 @@ class TinyLM(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, lora_layers[i] if lora_layers else None)
         return self.logits(self.ln_f(x))
+
+    def selected_logits(self, idx: torch.Tensor, mask: torch.Tensor, lora_layers: list[LoRAWeights] | None = None) -> torch.Tensor:
+        """Logits [N, V] at the N positions where `mask` [B, T] is set; equals ``forward(idx)[mask]``.
+
+        Training supervises only the answer tokens, and nothing downstream reads the last
+        block's FFN at the other (prompt) positions, so it runs on the selected ones only:
+        the wide FFN is most of a training step's cost.
+        """
+        t = idx.shape[1]
+        if t > self.cfg.max_len:
+            raise ValueError(f"prompt: {t} tokens exceed the model's max_len {self.cfg.max_len}")
+        x = self.tok_emb(idx) + self.pos_emb(torch.arange(t, device=idx.device))
+        last = len(self.blocks) - 1
+        for i, block in enumerate(self.blocks):
+            lora = lora_layers[i] if lora_layers else None
+            x = block.attend(x, lora)
+            if i == last:
+                if lora is not None and lora.a["up"].shape[0] > 1:  # per-row adapters: select after the FFN
+                    return self.logits(self.ln_f(block.ffn(x, lora)[mask]))
+                x = x[mask].unsqueeze(0)
+            x = block.ffn(x, lora)
+        return self.logits(self.ln_f(x[0]))
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(h, self.tok_emb.weight)

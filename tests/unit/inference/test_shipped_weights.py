@@ -27,10 +27,14 @@ def test_shipped_files_are_small_and_complete(bundle):
 GOAL_BASE = 0.80  # the accuracy the issue asks of the base tasks, so the columns mean something
 
 
+# what the shipped base states (manifest, n = 200) at least: arith 97.5 %, lookup 24 %
+FLOOR = {"arith": 0.90, "lookup": 0.20}
+
+
 @pytest.mark.parametrize("domain", tasks.BASE_DOMAINS)
 def test_base_reaches_its_stated_accuracy(bundle, domain):
     stated = bundle.manifest["heldout_accuracy"][domain]["base"]
-    assert stated >= 0.15  # far above chance (~0 for exact match), so the columns carry signal
+    assert stated >= FLOOR[domain]  # a retrain that regresses fails here, not silently
     assert accuracy(bundle, domain=domain, n=N) >= stated - TOLERANCE
 
 
@@ -38,8 +42,8 @@ def test_base_reaches_its_stated_accuracy(bundle, domain):
 def test_base_reaches_the_issue_goal(bundle, domain):
     stated = bundle.manifest["heldout_accuracy"][domain]["base"]
     if stated < GOAL_BASE:
-        # 2,400 steps took 28 min on the shared 2-core box (load 8-21); the loss was still
-        # falling. Reported in docs/benchmarks/inference.md, not hidden.
+        # lookup: the retrieval circuit (match the query key, copy the value after it) did
+        # not form in any recipe tried this session; see docs/benchmarks/inference.md
         pytest.xfail(f"{domain}: shipped base states {stated:.1%} < {GOAL_BASE:.0%}")
     assert accuracy(bundle, domain=domain, n=N) >= GOAL_BASE - TOLERANCE
 

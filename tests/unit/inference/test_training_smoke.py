@@ -19,3 +19,31 @@ def test_training_is_reproducible_and_loadable(tmp_path):
     assert bundle.model.cfg.d_ff == 64 and set(bundle.adapters) == {"ledger", "mirror", "codebook"}
     # the adapters were trained: B moved away from its zero start
     assert any(float(v.abs().sum()) > 0 for k, v in bundle.adapters["ledger"]["layers"][0].items() if k.endswith(".b"))
+
+
+def test_selected_logits_equal_the_full_forward_at_the_answer_positions():
+    """Training runs the last FFN on answer positions only; it must be the same function."""
+    import random
+
+    import torch
+
+    from ablab.inference import tasks
+    from ablab.inference.model.transformer import ModelConfig, TinyLM
+    from ablab.inference.runtime.lora import init_adapter
+    from ablab.inference.tokenizer import build_tokenizer
+    from ablab.inference.training import _lora_layers, make_batch
+
+    tok = build_tokenizer()
+    rng = random.Random(3)
+    torch.manual_seed(3)
+    model = TinyLM(ModelConfig(vocab_size=tok.vocab_size, d_model=32, n_heads=4, n_layers=2, d_ff=64))
+    x, _, mask = make_batch([tasks.sample(d, rng) for d in tasks.DOMAINS for _ in range(3)], rng, tok)
+    assert torch.allclose(model.selected_logits(x, mask), model(x)[mask], atol=1e-6)
+    params = init_adapter(n_layers=2, d_model=32, d_ff=64, rank=4, seed=1)
+    for layer in params:
+        for name, v in layer.items():
+            if name.endswith(".b"):
+                v.normal_()  # B = 0 would make the adapter a no-op and the check vacuous
+    lora = _lora_layers(params, 2.0)
+    assert not torch.allclose(model(x, lora)[mask], model(x)[mask])
+    assert torch.allclose(model.selected_logits(x, mask, lora), model(x, lora)[mask], atol=1e-6)

@@ -9,7 +9,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 DEVICE="${1:-auto}"
 DRY=0
-EXTRA=(--threads 4 --reps 1 --duration 2)  # batching: one 2 s run per policy and load fits the 8 min
+# batching: one 2 s run per policy and load fits the 8 min; WORKLOAD=serving|both adds the
+# serving-shaped workload (fixed output lengths, EOS ignored; "both" about doubles that section)
+EXTRA=(--threads 4 --reps 1 --duration 2 --workload "${WORKLOAD:-task}")
 if [ "$DEVICE" = "dry" ]; then
   DEVICE=cpu
   DRY=1

@@ -38,6 +38,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 _BOOTSTRAP_TIMEOUT_MS = 3_000
+# A consumer that joined its group while its topics were still being created can keep an
+# empty assignment ("No partition metadata for topic") although later metadata shows the
+# partitions: seen in CI as loaders that read nothing for minutes. Until a consumer has had
+# partitions once, it re-subscribes (a fresh group join) after this long, then backs off.
+_REJOIN_AFTER_S = 10.0
+_REJOIN_MAX_S = 300.0
 DEFAULT_TOPICS = (*EVENT_TOPICS.values(), WINDOWS_TOPIC)
 
 
@@ -156,10 +162,18 @@ class Loader:
             self._connect()
         last_record_at = time.monotonic()
         batch_started = time.monotonic()
+        never_assigned, rejoin_at, rejoin_wait = True, time.monotonic() + _REJOIN_AFTER_S, _REJOIN_AFTER_S
         try:
             while not stop_event.is_set():
                 got = self.poll_once(timeout_ms=200)
                 now = time.monotonic()
+                if never_assigned:
+                    if self._consumer.assignment():
+                        never_assigned = False
+                    elif now >= rejoin_at:
+                        self._rejoin()
+                        rejoin_wait = min(2 * rejoin_wait, _REJOIN_MAX_S)
+                        rejoin_at = now + rejoin_wait
                 if got or not self._consumer.assignment():
                     # Idle means "assigned and nothing came": a group (re)join after a
                     # crashed predecessor can take seconds on a busy machine.
@@ -176,6 +190,16 @@ class Loader:
         finally:
             self.close()
         return self.stats
+
+    def _rejoin(self) -> None:
+        """Re-subscribe when the topics have partitions but this consumer got none."""
+        missing = [t for t in self.topics if not self._consumer.partitions_for_topic(t)]
+        if missing:
+            log.info("loader: topics %s have no partitions yet; waiting", missing)
+            return
+        log.warning("loader: no partitions assigned although %s exist; re-joining the group", ", ".join(self.topics))
+        self._consumer.unsubscribe()
+        self._consumer.subscribe(list(self.topics))
 
     # --- one step --------------------------------------------------------------------
 

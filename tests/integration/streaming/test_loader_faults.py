@@ -118,3 +118,68 @@ def test_bad_records_are_dead_lettered_counted_and_the_loader_keeps_going(kafka_
     assert any("malformed JSON" in letter["message"] for letter in letters)
     assert any("limit" in letter["message"] for letter in letters)
     assert all(letter["source"] == f"loader:{topics.inference}" for letter in letters)
+
+
+def test_a_loader_started_before_its_topics_exist_loads_them_once_they_do(kafka_broker, store):
+    """The CI flake: a consumer that joined its group while its topics were being created kept an
+    empty assignment for minutes. The loader must get partitions and load within seconds."""
+    import time
+
+    topics = PipelineTopics.unique("late")
+    stream = ref.canned_stream(start=datetime(2026, 3, 3, tzinfo=UTC), windows=1, per_window=30, experiment="late",
+                               duplicate_rate=0.0).inference
+    loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
+                    windows_topic=topics.windows, deadletter_topic=topics.deadletter)
+    stop = threading.Event()
+    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        time.sleep(4)  # the group join happens while the topic does not exist
+        topics.create(bootstrap=kafka_broker)
+        producer = RawProducer(kafka_broker)
+        producer.send(topics.inference, stream)
+        producer.close()
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and loader.stats.loaded["raw_events"] < len(stream):
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert loader.stats.loaded["raw_events"] == len(stream), loader.stats.as_dict()
+    stored = store.query("SELECT count() FROM raw_events FINAL WHERE experiment = 'late'").result_rows[0][0]
+    assert stored == len(stream)
+
+
+class _JoinedWithoutPartitions(Loader):
+    """Its first group join yields no partitions (what kafka-python sometimes kept after joining
+    while the topics were being created): here by a first subscription to a topic that never
+    exists. The loader must notice, re-join, and load."""
+
+    def _connect(self) -> None:
+        super()._connect()
+        self._consumer.subscribe([f"never-created-{self.group_id}"])
+
+
+def test_a_loader_whose_join_gave_no_partitions_rejoins_and_loads(kafka_broker, store):
+    import time
+
+    topics = PipelineTopics.unique("stuck")
+    topics.create(bootstrap=kafka_broker)
+    stream = ref.canned_stream(start=datetime(2026, 3, 4, tzinfo=UTC), windows=1, per_window=30, experiment="stuck",
+                               duplicate_rate=0.0).inference
+    producer = RawProducer(kafka_broker)
+    producer.send(topics.inference, stream)
+    producer.close()
+    loader = _JoinedWithoutPartitions(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
+                                      windows_topic=topics.windows, deadletter_topic=topics.deadletter)
+    stop = threading.Event()
+    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and loader.stats.loaded["raw_events"] < len(stream):
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert loader.stats.loaded["raw_events"] == len(stream), loader.stats.as_dict()

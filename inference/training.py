@@ -42,6 +42,13 @@ class TrainConfig:
     adapter_alpha: float = 16.0
     predictor_rank: int = 32
     predictor_steps: int = 200
+    # Activation sparsity: after the base is trained, fine-tune with an L1 penalty on the FFN's
+    # ReLU outputs. The dense recipe fires 470-650 of 3,072 neurons per token, so exact top-192
+    # selection already cost 8.5 arith points (benchmarks/bench_sparse_oracle.py); 400 steps at
+    # 2e-4 bring it to ~60-100 per token and top-128 within a point of dense.
+    sparsify_steps: int = 400
+    sparsify_lr: float = 1e-3
+    act_l1: float = 2e-4
     # lookup (retrieval by attention) is the slower task to learn, so it gets more examples
     base_mix: dict[str, float] = field(default_factory=lambda: {"arith": 0.4, "lookup": 0.6})
     buckets: int = 2  # micro-batches by length per step: less padding, same gradient
@@ -147,6 +154,36 @@ def train_base(cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = Non
         opt.step()
         if progress:
             progress("base", step + 1, cfg.base_steps, loss.item())
+    model.eval()
+    return model
+
+
+def sparsify(model: TinyLM, cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = None) -> TinyLM:
+    """Fine-tune the base for activation sparsity: task loss + ``act_l1`` × mean per-token L1
+    of the FFN's ReLU outputs, so few neurons carry each token and top-k decode loses little."""
+    if cfg.sparsify_steps <= 0:
+        return model
+    torch.manual_seed(cfg.seed + 50)
+    rng = random.Random(cfg.seed + 50)
+    acts: list[torch.Tensor] = []
+    hooks = [blk.up.register_forward_hook(lambda _m, _i, out: acts.append(F.relu(out))) for blk in model.blocks]
+    opt = torch.optim.AdamW(model.parameters(), lr=cfg.sparsify_lr, weight_decay=0.0, betas=(0.9, 0.98))
+    model.train()
+    try:
+        for step in range(cfg.sparsify_steps):
+            acts.clear()
+            task = _bucket_loss(model.selected_logits, make_buckets(_sample_mix(cfg.base_mix, rng, cfg.batch_size), rng, tok, cfg.buckets, cfg.cot_prob))
+            l1 = sum(a.sum(-1).mean() for a in acts) / len(acts)
+            loss = task + cfg.act_l1 * l1
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            if progress:
+                progress("sparsify", step + 1, cfg.sparsify_steps, task.item())
+    finally:
+        for h in hooks:
+            h.remove()
     model.eval()
     return model
 
@@ -267,7 +304,9 @@ def as_served(model: TinyLM) -> TinyLM:
 def train_all(cfg: TrainConfig, *, out_dir: Path = ASSETS, progress: Progress | None = None, evaluate: Callable | None = None) -> dict:
     torch.set_num_threads(cfg.threads)
     tok = build_tokenizer()
-    model = as_served(train_base(cfg, tok, progress))
+    # each phase after the base starts from the fp16-rounded weights base.pt would hold, so
+    # the later phases can be refitted from a shipped file alone (bitwise as a full run)
+    model = as_served(sparsify(as_served(train_base(cfg, tok, progress)), cfg, tok, progress))
     adapters = [train_adapter(model, d, cfg, tok, progress) for d in tasks.ADAPTER_DOMAINS]
     predictors = fit_predictor(model, cfg, tok, progress)
     report = evaluate(model, adapters, tok) if evaluate else {}

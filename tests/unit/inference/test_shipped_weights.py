@@ -27,7 +27,7 @@ def test_shipped_files_are_small_and_complete(bundle):
 GOAL_BASE = 0.80  # the accuracy the issue asks of the base tasks, so the columns mean something
 
 
-# what the shipped base states (manifest, n = 200) at least: arith 97.5 %, lookup 24 %
+# what the shipped base states (manifest, n = 200) at least: arith 97.0 %, lookup 20.5 %
 FLOOR = {"arith": 0.90, "lookup": 0.20}
 
 
@@ -59,3 +59,18 @@ def test_each_adapter_beats_the_base_on_its_domain(bundle, domain):
         # the issue's goal is +10 points; the manifest itself says this adapter misses it
         pytest.xfail(f"{domain}: shipped adapter gains {100 * (stated['adapter'] - stated['base']):.1f} points < 10")
     assert tuned >= base + 0.10  # the goal, measured here on held-out data
+
+
+# k = 192 (1/16 of d_ff): the largest speed-up that keeps arith within the bound on the
+# session-4 weights (1.31x at batch 1; k = 128 is 1.41x at -3.5 points, docs/benchmarks/inference.md)
+SPARSE_K = 192
+
+
+def test_sparse_decode_keeps_arith_within_two_points_of_dense(bundle):
+    """The issue's accuracy bound for sparse FFN decode, on the full held-out figure (n = 200):
+    the activation-sparsity phase of training is what makes top-k selection lose little."""
+    from ablab.inference.runtime.executor import RuntimeConfig
+
+    dense = accuracy(bundle, domain="arith", n=200)
+    sparse = accuracy(bundle, domain="arith", runtime=RuntimeConfig(sparse_ffn_k=SPARSE_K), n=200)
+    assert sparse >= dense - 0.02, (dense, sparse)

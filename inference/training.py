@@ -137,6 +137,13 @@ def init_positions(model: TinyLM, amplitude: float) -> None:
             model.pos_emb.weight.copy_(sinusoid_table(model.cfg.max_len, model.cfg.d_model) * amplitude)
 
 
+def _clipped_step(opt: torch.optim.Optimizer, loss: torch.Tensor, model: TinyLM) -> None:
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    opt.step()
+
+
 def train_base(cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = None) -> TinyLM:
     torch.manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
@@ -148,10 +155,7 @@ def train_base(cfg: TrainConfig, tok: Tokenizer, progress: Progress | None = Non
         loss = _bucket_loss(model.selected_logits, make_buckets(_sample_mix(cfg.base_mix, rng, cfg.batch_size), rng, tok, cfg.buckets, cfg.cot_prob))
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg.base_steps, cfg.base_lr)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        _clipped_step(opt, loss, model)
         if progress:
             progress("base", step + 1, cfg.base_steps, loss.item())
     model.eval()
@@ -175,10 +179,7 @@ def sparsify(model: TinyLM, cfg: TrainConfig, tok: Tokenizer, progress: Progress
             task = _bucket_loss(model.selected_logits, make_buckets(_sample_mix(cfg.base_mix, rng, cfg.batch_size), rng, tok, cfg.buckets, cfg.cot_prob))
             l1 = sum(a.sum(-1).mean() for a in acts) / len(acts)
             loss = task + cfg.act_l1 * l1
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
+            _clipped_step(opt, loss, model)
             if progress:
                 progress("sparsify", step + 1, cfg.sparsify_steps, task.item())
     finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -120,31 +121,39 @@ def test_bad_records_are_dead_lettered_counted_and_the_loader_keeps_going(kafka_
     assert all(letter["source"] == f"loader:{topics.inference}" for letter in letters)
 
 
+def _load_until(loader: Loader, n: int, *, meanwhile=None, timeout_s: float = 90.0) -> None:  # noqa: ANN001
+    """Run `loader` in a thread (doing `meanwhile()` first) until it has loaded `n` raw events or times out."""
+    stop = threading.Event()
+    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        if meanwhile is not None:
+            meanwhile()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and loader.stats.loaded["raw_events"] < n:
+            time.sleep(0.5)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+
+
 def test_a_loader_started_before_its_topics_exist_loads_them_once_they_do(kafka_broker, store):
     """The CI flake: a consumer that joined its group while its topics were being created kept an
     empty assignment for minutes. The loader must get partitions and load within seconds."""
-    import time
-
     topics = PipelineTopics.unique("late")
     stream = ref.canned_stream(start=datetime(2026, 3, 3, tzinfo=UTC), windows=1, per_window=30, experiment="late",
                                duplicate_rate=0.0).inference
     loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter)
-    stop = threading.Event()
-    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+
+    def create_and_send() -> None:
         time.sleep(4)  # the group join happens while the topic does not exist
         topics.create(bootstrap=kafka_broker)
         producer = RawProducer(kafka_broker)
         producer.send(topics.inference, stream)
         producer.close()
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and loader.stats.loaded["raw_events"] < len(stream):
-            time.sleep(0.5)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+
+    _load_until(loader, len(stream), meanwhile=create_and_send)
     assert loader.stats.loaded["raw_events"] == len(stream), loader.stats.as_dict()
     stored = store.query("SELECT count() FROM raw_events FINAL WHERE experiment = 'late'").result_rows[0][0]
     assert stored == len(stream)
@@ -161,8 +170,6 @@ class _JoinedWithoutPartitions(Loader):
 
 
 def test_a_loader_whose_join_gave_no_partitions_rejoins_and_loads(kafka_broker, store):
-    import time
-
     topics = PipelineTopics.unique("stuck")
     topics.create(bootstrap=kafka_broker)
     stream = ref.canned_stream(start=datetime(2026, 3, 4, tzinfo=UTC), windows=1, per_window=30, experiment="stuck",
@@ -172,14 +179,5 @@ def test_a_loader_whose_join_gave_no_partitions_rejoins_and_loads(kafka_broker, 
     producer.close()
     loader = _JoinedWithoutPartitions(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
                                       windows_topic=topics.windows, deadletter_topic=topics.deadletter)
-    stop = threading.Event()
-    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and loader.stats.loaded["raw_events"] < len(stream):
-            time.sleep(0.5)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+    _load_until(loader, len(stream))
     assert loader.stats.loaded["raw_events"] == len(stream), loader.stats.as_dict()

@@ -21,6 +21,7 @@ from ablab.inference.evaluate import accuracy
 from ablab.inference.pricing import load_price_table
 from ablab.inference.registry import StrategyNotServable, plan_for
 from ablab.inference.runtime.executor import Executor, RuntimeConfig
+from ablab.inference.runtime.precision import INT8_MIN_TOKENS
 from ablab.inference.scheduler import BatchingConfig
 from ablab.inference.serving.service import InferenceService
 from ablab.platform.strategy import Strategy
@@ -377,9 +378,7 @@ def precision_step_table(bundle: Bundle, *, device: str, batches: tuple[int, ...
     }
     if device == "cpu":
         variants["int8"] = Executor(bundle.model, runtime=RuntimeConfig("int8"), device=device)
-        everywhere = Executor(bundle.model, runtime=RuntimeConfig("int8"), device=device)
-        everywhere.int8_min_tokens = {k: 1 for k in everywhere.int8_min_tokens}
-        variants["int8 everywhere"] = everywhere
+        variants["int8 everywhere"] = Executor(bundle.model, runtime=RuntimeConfig("int8"), device=device, int8_min_tokens=dict.fromkeys(INT8_MIN_TOKENS, 1))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     ids = list(range(3, 3 + prompt))
     out: dict[str, dict[str, list[float]]] = {n: {} for n in variants}

@@ -19,6 +19,7 @@ from ablab.inference.model.transformer import TinyLM
 from ablab.inference.runtime.attention import sharded_attention
 from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER
+from ablab.inference.runtime.single import SingleDecode
 from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor, sparse_ffn
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
@@ -69,6 +70,7 @@ class Executor:
         predictors: list[Predictor] | None = None,
         adapters: dict[str, dict] | None = None,
         device: str | torch.device = "cpu",
+        int8_min_tokens: dict[str, int] | None = None,
     ):
         cfg = model.cfg
         self.cfg = cfg
@@ -79,7 +81,7 @@ class Executor:
         # int8: the fp32 model plus int8 copies of every projection; each call takes the
         # kernel that is faster for its size (runtime/precision.py)
         self._int8: dict[tuple[int, str], nn.Module] = {}
-        self.int8_min_tokens = dict(INT8_MIN_TOKENS)
+        self.int8_min_tokens = dict(int8_min_tokens or INT8_MIN_TOKENS)
         if runtime.precision == "int8":
             if self.device.type != "cpu":
                 raise ValueError("precision: int8 dynamic quantization runs on CPU only")
@@ -103,6 +105,18 @@ class Executor:
                 layer[key] = layer[key].to(self.device)
         self._tok_emb = self.model.tok_emb.weight
         self._pos_emb = self.model.pos_emb.weight
+        self._single: SingleDecode | None = None
+        # the one-token path runs QKV and out in float: take it unless int8 would run them
+        one_token_int8 = bool(self._int8) and min(self.int8_min_tokens["qkv"], self.int8_min_tokens["out"]) <= 1
+        if not one_token_int8 and all(t.packed is not None for t in self.tables):
+            self._single = SingleDecode(
+                self.model,
+                up_down=[(self._ffn_kernel(j, "up"), self._ffn_kernel(j, "down")) for j in range(cfg.n_layers)],
+                tables=self.tables,
+                predictors=self.predictors,
+                k=runtime.sparse_ffn_k,
+                n_shards=runtime.kv_shards,
+            )
 
     # ------------------------------------------------------------------ caches
     def new_pool(self, slots: int) -> KVPool:
@@ -159,6 +173,8 @@ class Executor:
         tk = max(lengths) + 1
         if tk > self.cfg.max_len:
             raise ValueError(f"sequence reached the model's max_len {self.cfg.max_len}")
+        if b == 1 and not adapters[0] and self._single is not None:
+            return self._single.step(tokens[0], lengths[0], k_cache=pool.k, v_cache=pool.v, slot=slots[0])
         tok = torch.tensor(tokens, device=self.device)
         pos = torch.tensor(lengths, device=self.device)
         x = (self._tok_emb.index_select(0, tok) + self._pos_emb.index_select(0, pos)).unsqueeze(1)  # [b, 1, d]
@@ -230,6 +246,14 @@ class Executor:
     # ------------------------------------------------------------------ internals
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self.model.ln_f(h), self._tok_emb).float()
+
+    def _ffn_kernel(self, j: int, name: str):
+        """The FFN projection a one-token call runs: int8 where it wins at one token, else linear."""
+        q = self._int8.get((j, name))
+        if q is not None and self.int8_min_tokens[name] <= 1:
+            return q
+        lin = getattr(self.model.blocks[j], name)
+        return lambda x, w=lin.weight, b=lin.bias: F.linear(x, w, b)
 
     def _lin(self, j: int, name: str, x: torch.Tensor) -> torch.Tensor:
         q = self._int8.get((j, name))

@@ -326,3 +326,35 @@ def test_serving_trace_targets_fit_the_context(tiny_bundle):
     req = b.make_request(trace[0][1], trace[0][2])
     assert req.ignore_eos and req.max_new_tokens == trace[0][2]
     assert not b.make_request(trace[0][1], None).ignore_eos
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [RuntimeConfig(), RuntimeConfig(sparse_ffn_k=64), RuntimeConfig(sparse_ffn_k=256), RuntimeConfig(kv_shards=3), RuntimeConfig(precision="int8"), RuntimeConfig(precision="int8", sparse_ffn_k=64)],
+    ids=["dense", "sparse64", "sparse-all", "shards3", "int8", "int8-sparse64"],
+)
+def test_batch_one_decode_path_equals_the_general_path(tiny_bundle, runtime):
+    """A lone sequence takes the few-kernel path (runtime/single.py); a batch of two copies of
+    it takes the general one. Logits and the cache entries written must agree."""
+    ex = Executor(tiny_bundle.model, runtime=runtime, predictors=tiny_bundle.predictors)
+    assert ex._single is not None
+    ids = tiny_bundle.tokenizer.encode(PROMPTS[1])
+    solo, pair = ex.new_pool(1), ex.new_pool(2)
+    ex.prefill(ids, pool=solo, slot=0)
+    for s in (0, 1):
+        ex.prefill(ids, pool=pair, slot=s)
+    tok, n = ids[-1], len(ids)
+    for step in range(4):  # several positions: the cache grows under both paths
+        one = ex.decode([tok], pool=solo, slots=[0], lengths=[n + step], adapters=[0])
+        two = ex.decode([tok, tok], pool=pair, slots=[0, 1], lengths=[n + step] * 2, adapters=[0, 0])
+        assert (one[0] - two[0]).abs().max().item() <= 1e-5
+        tok = int(one[0].argmax())
+    for layer in range(ex.cfg.n_layers):
+        assert (solo.k[layer][0] - pair.k[layer][0]).abs().max().item() <= 1e-5
+        assert (solo.v[layer][0] - pair.v[layer][0]).abs().max().item() <= 1e-5
+
+
+def test_int8_everywhere_keeps_the_general_path(tiny_bundle):
+    """The one-token path runs QKV and out in float, so it stands aside when int8 is asked there."""
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig(precision="int8"), int8_min_tokens={"qkv": 1, "out": 1, "up": 1, "down": 1})
+    assert ex._single is None

@@ -1,0 +1,110 @@
+"""The batch-1 decode step, written for the fewest kernel launches.
+
+At batch 1 on a CPU a decode step of the shipped model is bound by how many torch ops it
+launches (a few µs of dispatch each), not by FLOPs: the general path in
+:mod:`ablab.inference.runtime.executor` serves any batch, padding and adapter mix and pays
+for that generality in views, masks and module calls on every layer. This path handles
+the most common serving case, one sequence without an adapter, and computes the same
+function with about half the ops:
+
+- weights are plain tensors held per layer (no ``nn.Module`` calls);
+- the attention scale is folded into the query rows of the QKV projection;
+- attention over the slot's cache is two ``bmm`` and a softmax (no mask: the cache
+  holds exactly the positions the token may see);
+- the sparse FFN is the packed-row gather of :mod:`ablab.inference.runtime.sparse_ffn`
+  (one gather, two matrix-vector products); the dense FFN is two ``linear``.
+
+Both the dense and the sparse configuration take it, so the sparse-vs-dense ratio compares
+FFNs, not code paths. Tests pin it to the general path (max abs diff ≤ 1e-5).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ablab.inference.runtime.attention import sharded_attention
+from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor
+
+
+@dataclass(frozen=True)
+class _Layer:
+    ln1: tuple[torch.Tensor, torch.Tensor, float]
+    qkv_w: torch.Tensor  # query rows pre-scaled by 1/sqrt(head_dim)
+    qkv_b: torch.Tensor
+    out_w: torch.Tensor
+    out_b: torch.Tensor
+    ln2: tuple[torch.Tensor, torch.Tensor, float]
+    up: Callable[[torch.Tensor], torch.Tensor] | None  # dense FFN kernels (linear, or dynamic int8)
+    down: Callable[[torch.Tensor], torch.Tensor] | None
+    tables: FFNTables | None  # sparse FFN (packed rows + predictor)
+    predictor: Predictor | None
+
+
+class SingleDecode:
+    """``step(token, pos, pool, slot)`` → logits [1, V], equal to ``Executor.decode`` at b = 1."""
+
+    def __init__(self, model, *, up_down: list[tuple[Callable, Callable]], tables: list[FFNTables], predictors: list[Predictor], k: int | None, n_shards: int):
+        cfg = model.cfg
+        self.d, self.h, self.hd = cfg.d_model, cfg.n_heads, cfg.head_dim
+        self.k = k
+        self.n_shards = n_shards
+        self.tok_emb = model.tok_emb.weight
+        self.pos_emb = model.pos_emb.weight
+        self.ln_f = (model.ln_f.weight, model.ln_f.bias, model.ln_f.eps)
+        scale = 1.0 / math.sqrt(cfg.head_dim)
+        self.layers: list[_Layer] = []
+        for j, blk in enumerate(model.blocks):
+            qkv_w = blk.qkv.weight.detach().clone()
+            qkv_b = blk.qkv.bias.detach().clone()
+            # sharded attention applies its own scale; fold it in only for the plain path
+            if n_shards == 1:
+                qkv_w[: cfg.d_model] *= scale
+                qkv_b[: cfg.d_model] *= scale
+            sparse = k is not None
+            self.layers.append(
+                _Layer(
+                    ln1=(blk.ln1.weight, blk.ln1.bias, blk.ln1.eps),
+                    qkv_w=qkv_w,
+                    qkv_b=qkv_b,
+                    out_w=blk.out.weight,
+                    out_b=blk.out.bias,
+                    ln2=(blk.ln2.weight, blk.ln2.bias, blk.ln2.eps),
+                    up=None if sparse else up_down[j][0],
+                    down=None if sparse else up_down[j][1],
+                    tables=tables[j] if sparse else None,
+                    predictor=predictors[j] if sparse else None,
+                )
+            )
+
+    def step(self, token: int, pos: int, *, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], slot: int) -> torch.Tensor:
+        d, n_heads, hd = self.d, self.h, self.hd
+        x = (self.tok_emb[token] + self.pos_emb[pos]).view(1, d)
+        for j, lay in enumerate(self.layers):
+            h = F.layer_norm(x, (d,), *lay.ln1[:2], lay.ln1[2])
+            q, k, v = F.linear(h, lay.qkv_w, lay.qkv_b).view(3, n_heads, hd)
+            kc, vc = k_cache[j][slot], v_cache[j][slot]  # [H, max_len, hd] views into the pool
+            kc[:, pos] = k
+            vc[:, pos] = v
+            keys, values = kc[:, : pos + 1], vc[:, : pos + 1]
+            if self.n_shards == 1:
+                p = torch.bmm(keys, q.unsqueeze(-1)).softmax(dim=1)  # [H, tk, 1]
+                att = torch.bmm(p.transpose(1, 2), values).view(1, d)
+            else:
+                att = sharded_attention(q[None, :, None], keys[None], values[None], mask=None, n_shards=self.n_shards).view(1, d)
+            x = x + F.linear(att, lay.out_w, lay.out_b)
+            h = F.layer_norm(x, (d,), *lay.ln2[:2], lay.ln2[2])
+            if lay.tables is None:
+                x = x + lay.down(lay.up(h).relu_())
+                continue
+            t, pr = lay.tables, lay.predictor
+            idx = torch.addmm(t.up_b, torch.mm(h, pr.p1), pr.p2).topk(self.k, sorted=False).indices[0]
+            rows = t.packed.index_select(0, idx)  # [k, 2d+1]: up row | up bias | down row
+            act = torch.addmv(rows[:, d], rows[:, :d], h[0]).relu_()
+            x = x + torch.addmv(t.down_b, rows[:, d + 1 :].t(), act)
+        h = F.layer_norm(x, (d,), *self.ln_f[:2], self.ln_f[2])
+        return F.linear(h, self.tok_emb).float()

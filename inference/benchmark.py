@@ -250,7 +250,9 @@ def policy_name(b: BatchingConfig) -> str:
         return f"fixed b={b.max_batch} w={b.window_ms:g}ms"
     if b.policy == "adaptive":
         if b.tpot_slo_ms is not None:
-            return "adaptive" if b.ttft_slo_ms is not None else "adaptive, FCFS"
+            if b.ttft_slo_ms is None:
+                return "adaptive, FCFS"
+            return "adaptive + shedding" if b.shed_late else "adaptive"
         if b.step_budget_ms is not None and b.step_budget_ms >= 1e6:
             return "continuous, unchunked"
         return "adaptive, flat budget"

@@ -75,6 +75,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._stop = False
         self.steps = 0
+        self.shed = 0  # requests refused by load shedding (BatchingConfig.shed_late)
 
     # ------------------------------------------------------------- submission
     def submit(self, req: GenRequest) -> GenRequest:
@@ -119,6 +120,9 @@ class Engine:
         decode token for every running sequence plus prompt chunks within the step budget."""
         with self._cv:
             now = time.perf_counter()
+            shed = self.scheduler.to_shed([r.submitted for r in self.waiting], now)
+            if shed:
+                self._shed(shed, now)
             order = self.scheduler.admission_order([r.submitted for r in self.waiting], now)
             if order != list(range(len(order))):
                 self.waiting = deque(self.waiting[i] for i in order)
@@ -150,6 +154,22 @@ class Engine:
             return
         req.prefilled = 0
         self.prefilling.append(req)
+
+    def _shed(self, indices: list[int], now: float) -> None:
+        """Refuse waiting requests that can no longer meet the TTFT SLO (caller holds the lock)."""
+        drop = set(indices)
+        slo = self.scheduler.config.ttft_slo_ms
+        kept: deque[GenRequest] = deque()
+        for i, req in enumerate(self.waiting):
+            if i not in drop:
+                kept.append(req)
+                continue
+            waited_ms = (now - req.submitted) * 1000
+            req.finished_at = now
+            req.error = f"overloaded: queued {waited_ms:.0f} ms, past the {slo:g} ms TTFT SLO; retry later or on another worker"
+            req.done.set()
+            self.shed += 1
+        self.waiting = kept
 
     def _finish(self, req: GenRequest, *, error: str | None = None) -> None:
         req.finished_at = time.perf_counter()

@@ -35,6 +35,11 @@ class BatchingConfig:
     # TTFT SLO, waiting requests that can still meet it are admitted before those that cannot
     tpot_slo_ms: float | None = None
     ttft_slo_ms: float | None = None
+    # adaptive, with a TTFT SLO: refuse a waiting request once it can no longer meet the SLO
+    # (load shedding) instead of running it after the ones that can. It only drops requests
+    # that have already missed their SLO, so it never costs goodput; under overload it frees
+    # the capacity they would take for requests that can still make it
+    shed_late: bool = False
 
 
 MIN_CHUNK = 8  # prompt tokens a step always carries, so prefill progresses under any budget
@@ -169,10 +174,23 @@ class Scheduler:
         every request late; the late ones still run, after)."""
         if self.config.policy != "adaptive" or self.config.ttft_slo_ms is None:
             return list(range(len(waiting_since)))
-        limit = self.config.ttft_slo_ms / 1000.0 - self.cost.seconds(MIN_CHUNK)
+        limit = self._ttft_wait_limit_s()
         fresh = [i for i, t in enumerate(waiting_since) if now - t < limit]
         late = [i for i, t in enumerate(waiting_since) if now - t >= limit]
         return fresh + late
+
+    def to_shed(self, waiting_since: list[float], now: float) -> list[int]:
+        """Indices of waiting requests to refuse now (``shed_late``): those that waited so long
+        that even a first prompt chunk right away would miss the TTFT SLO."""
+        cfg = self.config
+        if cfg.policy != "adaptive" or cfg.ttft_slo_ms is None or not cfg.shed_late:
+            return []
+        limit = self._ttft_wait_limit_s()
+        return [i for i, t in enumerate(waiting_since) if now - t >= limit]
+
+    def _ttft_wait_limit_s(self) -> float:
+        """The longest a request may wait and still get its first token within the TTFT SLO."""
+        return self.config.ttft_slo_ms / 1000.0 - self.cost.seconds(MIN_CHUNK)
 
     def on_finish(self, tokens: int) -> None:
         self.steps_per_request = 0.9 * self.steps_per_request + 0.1 * max(tokens, 1)

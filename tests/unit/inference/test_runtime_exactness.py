@@ -358,3 +358,28 @@ def test_int8_everywhere_keeps_the_general_path(tiny_bundle):
     """The one-token path runs QKV and out in float, so it stands aside when int8 is asked there."""
     ex = Executor(tiny_bundle.model, runtime=RuntimeConfig(precision="int8"), int8_min_tokens={"qkv": 1, "out": 1, "up": 1, "down": 1})
     assert ex._single is None
+
+
+@pytest.mark.parametrize("shed_late", [True, False])
+def test_engine_sheds_only_requests_that_already_missed_the_ttft_slo(tiny_bundle, shed_late):
+    from ablab.inference.engine import GenRequest
+
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig(), predictors=tiny_bundle.predictors)
+    cfg = BatchingConfig("adaptive", max_batch=4, window_ms=0, tpot_slo_ms=1000.0, ttft_slo_ms=1000.0, shed_late=shed_late)
+    eng = Engine(ex, batching=cfg, eos_id=tiny_bundle.tokenizer.eos_id, slots=4)
+    reqs = [eng.submit(GenRequest(prompt_ids=tiny_bundle.tokenizer.encode(p), max_new_tokens=3)) for p in PROMPTS * 2]
+    stale = reqs[::3]
+    for r in stale:  # as if they had queued for 5 s behind an overload
+        r.submitted -= 5.0
+    while not all(r.done.is_set() for r in reqs):
+        eng.step(block=False)
+    refused = [r for r in reqs if r.error]
+    if not shed_late:
+        assert refused == [] and eng.shed == 0
+        return
+    assert refused == stale and eng.shed == len(stale)
+    for r in refused:
+        assert r.tokens == [] and r.first_token_at is None
+        assert "overloaded" in r.error and "1000 ms TTFT SLO" in r.error
+    assert all(r.tokens for r in reqs if r not in stale)
+    assert len(eng.pool.free) == 4  # refused requests never took a cache slot

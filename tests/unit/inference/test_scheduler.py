@@ -108,3 +108,13 @@ def test_slo_aware_admission_serves_requests_that_can_still_meet_ttft_first():
     assert s.admission_order([0.0, 0.02, 0.07, 0.079], now=0.08) == [2, 3, 0, 1]
     fifo = _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0)
     assert fifo.admission_order([0.0, 0.02, 0.07, 0.079], now=0.08) == [0, 1, 2, 3]
+
+
+def test_load_shedding_refuses_only_requests_past_the_ttft_slo():
+    s = _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0, ttft_slo_ms=50.0, shed_late=True)
+    # the wait limit is the SLO less a first chunk's step: 50 ms − (2 + 0.2·8) ms = 46.4 ms
+    assert s.to_shed([0.0, 0.02, 0.0335, 0.0337, 0.079], now=0.08) == [0, 1, 2]
+    assert s.to_shed([], now=1.0) == []
+    # off unless asked, and meaningless without a TTFT SLO
+    assert _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0, ttft_slo_ms=50.0).to_shed([0.0], now=1.0) == []
+    assert _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0, shed_late=True).to_shed([0.0], now=1.0) == []

@@ -120,9 +120,7 @@ class Engine:
         decode token for every running sequence plus prompt chunks within the step budget."""
         with self._cv:
             now = time.perf_counter()
-            shed = self.scheduler.to_shed([r.submitted for r in self.waiting], now)
-            if shed:
-                self._shed(shed, now)
+            self._shed_late(now)
             order = self.scheduler.admission_order([r.submitted for r in self.waiting], now)
             if order != list(range(len(order))):
                 self.waiting = deque(self.waiting[i] for i in order)
@@ -155,21 +153,30 @@ class Engine:
         req.prefilled = 0
         self.prefilling.append(req)
 
-    def _shed(self, indices: list[int], now: float) -> None:
-        """Refuse waiting requests that can no longer meet the TTFT SLO (caller holds the lock)."""
-        drop = set(indices)
+    def _shed_late(self, now: float) -> None:
+        """Refuse requests that can no longer meet the TTFT SLO (``shed_late``; caller holds the
+        lock): queued ones, and admitted ones whose prompt has not started (they hold a slot
+        while they wait for slack, and would otherwise run late)."""
+        queued = self.scheduler.to_shed([r.submitted for r in self.waiting], now)
+        unstarted = [r for r in self.prefilling if r.prefilled == 0]
+        stale = {id(unstarted[i]) for i in self.scheduler.to_shed([r.submitted for r in unstarted], now)}
+        if not queued and not stale:
+            return
+        drop = {id(self.waiting[i]) for i in queued} | stale
+        for req in [r for r in self.waiting if id(r) in drop] + [r for r in self.prefilling if id(r) in drop]:
+            self._refuse(req, now)
+        self.waiting = deque(r for r in self.waiting if id(r) not in drop)
+        self.prefilling = [r for r in self.prefilling if id(r) not in drop]
+
+    def _refuse(self, req: GenRequest, now: float) -> None:
         slo = self.scheduler.config.ttft_slo_ms
-        kept: deque[GenRequest] = deque()
-        for i, req in enumerate(self.waiting):
-            if i not in drop:
-                kept.append(req)
-                continue
-            waited_ms = (now - req.submitted) * 1000
-            req.finished_at = now
-            req.error = f"overloaded: queued {waited_ms:.0f} ms, past the {slo:g} ms TTFT SLO; retry later or on another worker"
-            req.done.set()
-            self.shed += 1
-        self.waiting = kept
+        req.error = f"overloaded: queued {(now - req.submitted) * 1000:.0f} ms, past the {slo:g} ms TTFT SLO; retry later or on another worker"
+        req.finished_at = now
+        if req.slot >= 0:
+            self.pool.release(req.slot)
+            req.slot = -1
+        self.shed += 1
+        req.done.set()
 
     def _finish(self, req: GenRequest, *, error: str | None = None) -> None:
         req.finished_at = time.perf_counter()

@@ -383,3 +383,28 @@ def test_engine_sheds_only_requests_that_already_missed_the_ttft_slo(tiny_bundle
         assert "overloaded" in r.error and "1000 ms TTFT SLO" in r.error
     assert all(r.tokens for r in reqs if r not in stale)
     assert len(eng.pool.free) == 4  # refused requests never took a cache slot
+
+
+def test_engine_sheds_admitted_requests_whose_prompt_has_not_started(tiny_bundle):
+    """Admitted requests can wait for TPOT slack before their first chunk; past the TTFT SLO
+    they are refused too, and give their cache slot back."""
+    from ablab.inference.engine import GenRequest
+
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig(), predictors=tiny_bundle.predictors)
+    # a TPOT SLO no step can meet leaves no prompt budget while sequences decode
+    cfg = BatchingConfig("adaptive", max_batch=8, window_ms=0, tpot_slo_ms=1e-3, ttft_slo_ms=1000.0, shed_late=True)
+    eng = Engine(ex, batching=cfg, eos_id=tiny_bundle.tokenizer.eos_id, slots=8)
+    ids = [tiny_bundle.tokenizer.encode(p) for p in PROMPTS]
+    first = [eng.submit(GenRequest(prompt_ids=i, max_new_tokens=20)) for i in ids[:2]]
+    eng.step(block=False)  # nobody decoding yet: whole prompts run
+    assert len(eng.running) == 2
+    later = [eng.submit(GenRequest(prompt_ids=i, max_new_tokens=3)) for i in ids[2:]]
+    eng.step(block=False)  # admitted, but no prompt budget beside the two decodes
+    assert [r.prefilled for r in eng.prefilling] == [0, 0, 0] and len(eng.pool.free) == 3
+    later[1].submitted -= 5.0
+    eng.step(block=False)
+    assert later[1].done.is_set() and "overloaded" in later[1].error and later[1].tokens == []
+    assert later[1] not in eng.prefilling and len(eng.pool.free) == 4 and eng.shed == 1
+    while not all(r.done.is_set() for r in first + later):
+        eng.step(block=False)
+    assert all(r.tokens and not r.error for r in first + [later[0], later[2]])

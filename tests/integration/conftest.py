@@ -11,11 +11,12 @@ import os
 from collections.abc import Iterator
 
 import pytest
+from ablab_testing import server_ports
 
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from ablab.streaming.kafka.broker import BrokerConfig, free_port, start_broker, stop_broker
+    from ablab.streaming.kafka.broker import BrokerConfig, start_broker, stop_broker
     from ablab.streaming.kafka.topics import create_topics
 
     external = os.environ.get("ABLAB_TEST_KAFKA_BOOTSTRAP")
@@ -23,7 +24,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         create_topics(bootstrap=external)
         yield external
         return
-    config = BrokerConfig(directory=tmp_path_factory.mktemp("kafka"), port=free_port(), heap_mb=384)
+    config = BrokerConfig(directory=tmp_path_factory.mktemp("kafka"), port=server_ports(2), heap_mb=384)
     status = start_broker(config=config)
     try:
         yield status.bootstrap or config.bootstrap

@@ -14,20 +14,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ablab_testing import ABLAB, free_port
+from ablab_testing import ABLAB, server_ports
 
 import subprocess
 
 pytestmark = pytest.mark.timeout(600)
-
-
-def _two_consecutive_free_ports() -> int:
-    for _ in range(50):
-        port = free_port()
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port + 1)) != 0:
-                return port
-    raise RuntimeError("no free port pair")
 
 
 def _port_free(port: int) -> bool:
@@ -64,8 +55,11 @@ def _variants_with_windows(ts: object) -> set[str]:
 
 
 def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path: Path) -> None:
-    kafka_port = _two_consecutive_free_ports()
-    api_port, dash_port, w0, w1 = (free_port() for _ in range(4))
+    # outside the ephemeral range: these servers start only after migrations and other
+    # outgoing connections, any of which could take a bind(0) port first
+    base = server_ports(6)
+    kafka_port = base  # and its controller on base + 1
+    api_port, dash_port, w0, w1 = base + 2, base + 3, base + 4, base + 5
     env = {
         **os.environ,
         "ABLAB_HOME": str(tmp_path / "home"),

@@ -76,9 +76,10 @@ def test_dead_letters_carry_the_reason(kafka_broker: str, tmp_path: Path) -> Non
 
 
 def test_broker_absent_at_start_spools_then_replays_in_order(tmp_path: Path) -> None:
-    from ablab.streaming.kafka.broker import BrokerConfig, free_port, start_broker, stop_broker
+    from ablab.streaming.kafka.broker import BrokerConfig, start_broker, stop_broker
+    from ablab_testing import server_ports
 
-    broker = BrokerConfig(directory=tmp_path / "kafka", port=free_port(), heap_mb=384)
+    broker = BrokerConfig(directory=tmp_path / "kafka", port=server_ports(2), heap_mb=384)
     run = f"late{time.time_ns()}"
     config = EmitterConfig(bootstrap=broker.bootstrap, spool_dir=tmp_path / "spool", probe_backoff_s=(0.5, 2.0))
     emitter = Emitter(config=config)

@@ -17,6 +17,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from ablab_testing import server_ports
 
 from ablab.streaming.kafka.consumer import read_topics
 from ablab.streaming.kafka.emitter import Emitter, EmitterConfig
@@ -29,10 +30,10 @@ RATE_PER_S = 200
 
 
 def test_broker_down_30s_while_emitting_loses_nothing(tmp_path: Path) -> None:
-    from ablab.streaming.kafka.broker import BrokerConfig, free_port, kill_broker, start_broker, stop_broker
+    from ablab.streaming.kafka.broker import BrokerConfig, kill_broker, start_broker, stop_broker
     from test_emitter import numbered_event
 
-    broker = BrokerConfig(directory=tmp_path / "kafka", port=free_port(), heap_mb=384)
+    broker = BrokerConfig(directory=tmp_path / "kafka", port=server_ports(2), heap_mb=384)
     start_broker(config=broker)
     run = f"fault{time.time_ns()}"
     emitter = Emitter(config=EmitterConfig(bootstrap=broker.bootstrap, spool_dir=tmp_path / "spool",

@@ -5,7 +5,8 @@ launches (a few µs of dispatch each), not by FLOPs: the general path in
 :mod:`ablab.inference.runtime.executor` serves any batch, padding and adapter mix and pays
 for that generality in views, masks and module calls on every layer. This path handles
 the most common serving case, one sequence without an adapter, and computes the same
-function with about half the ops:
+function with a quarter fewer aten calls (208 against 275 per dense step, nested calls
+included, torch profiler) and no module calls:
 
 - weights are plain tensors held per layer (no ``nn.Module`` calls);
 - the attention scale is folded into the query rows of the QKV projection;

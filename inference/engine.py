@@ -157,31 +157,26 @@ class Engine:
         """Refuse requests that can no longer meet the TTFT SLO (``shed_late``; caller holds the
         lock): queued ones, and admitted ones whose prompt has not started (they hold a slot
         while they wait for slack, and would otherwise run late)."""
-        queued = self.scheduler.to_shed([r.submitted for r in self.waiting], now)
-        unstarted = [r for r in self.prefilling if r.prefilled == 0]
-        stale = {id(unstarted[i]) for i in self.scheduler.to_shed([r.submitted for r in unstarted], now)}
-        if not queued and not stale:
+        if not self.scheduler.config.shed_late:
             return
-        drop = {id(self.waiting[i]) for i in queued} | stale
-        for req in [r for r in self.waiting if id(r) in drop] + [r for r in self.prefilling if id(r) in drop]:
-            self._refuse(req, now)
-        self.waiting = deque(r for r in self.waiting if id(r) not in drop)
-        self.prefilling = [r for r in self.prefilling if id(r) not in drop]
-
-    def _refuse(self, req: GenRequest, now: float) -> None:
+        candidates = [*self.waiting, *(r for r in self.prefilling if r.prefilled == 0)]
+        late = [candidates[i] for i in self.scheduler.to_shed([r.submitted for r in candidates], now)]
+        if not late:
+            return
         slo = self.scheduler.config.ttft_slo_ms
-        req.error = f"overloaded: queued {(now - req.submitted) * 1000:.0f} ms, past the {slo:g} ms TTFT SLO; retry later or on another worker"
-        req.finished_at = now
-        if req.slot >= 0:
-            self.pool.release(req.slot)
-            req.slot = -1
-        self.shed += 1
-        req.done.set()
+        for req in late:
+            self._finish(req, error=f"overloaded: queued {(now - req.submitted) * 1000:.0f} ms, past the {slo:g} ms TTFT SLO; retry later or on another worker", shed=True)
+        gone = {id(r) for r in late}
+        self.waiting = deque(r for r in self.waiting if id(r) not in gone)
+        self.prefilling = [r for r in self.prefilling if id(r) not in gone]
 
-    def _finish(self, req: GenRequest, *, error: str | None = None) -> None:
+    def _finish(self, req: GenRequest, *, error: str | None = None, shed: bool = False) -> None:
         req.finished_at = time.perf_counter()
         req.error = error
-        self.scheduler.on_finish(len(req.tokens) + 1)
+        if shed:  # refused before generating: not a sample of how long requests run
+            self.shed += 1
+        else:
+            self.scheduler.on_finish(len(req.tokens) + 1)
         if req.slot >= 0:
             self.pool.release(req.slot)
             req.slot = -1

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ablab.inference.model.transformer import TinyLM
 from ablab.inference.runtime.attention import sharded_attention
 from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
-from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER
+from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER, use_int8
 from ablab.inference.runtime.single import SingleDecode
 from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor, sparse_ffn
 
@@ -108,7 +108,7 @@ class Executor:
         self._pos_emb = self.model.pos_emb.weight
         self._single: SingleDecode | None = None
         # the one-token path runs QKV and out in float: take it unless int8 would run them
-        one_token_int8 = bool(self._int8) and min(self.int8_min_tokens["qkv"], self.int8_min_tokens["out"]) <= 1
+        one_token_int8 = bool(self._int8) and any(use_int8(name, 1, self.int8_min_tokens) for name in ("qkv", "out"))
         if not one_token_int8 and all(t.packed is not None for t in self.tables):
             self._single = SingleDecode(
                 self.model,
@@ -251,14 +251,14 @@ class Executor:
     def _ffn_kernel(self, j: int, name: str):
         """The FFN projection a one-token call runs: int8 where it wins at one token, else linear."""
         q = self._int8.get((j, name))
-        if q is not None and self.int8_min_tokens[name] <= 1:
+        if q is not None and use_int8(name, 1, self.int8_min_tokens):
             return q
         lin = getattr(self.model.blocks[j], name)
         return lambda x, w=lin.weight, b=lin.bias: F.linear(x, w, b)
 
     def _lin(self, j: int, name: str, x: torch.Tensor) -> torch.Tensor:
         q = self._int8.get((j, name))
-        if q is not None and x.shape[0] * x.shape[1] >= self.int8_min_tokens[name]:
+        if q is not None and use_int8(name, x.shape[0] * x.shape[1], self.int8_min_tokens):
             return q(x)
         return getattr(self.model.blocks[j], name)(x)
 

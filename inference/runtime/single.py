@@ -34,7 +34,7 @@ from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor
 
 @dataclass(frozen=True)
 class _Layer:
-    ln1: tuple[torch.Tensor, torch.Tensor, float]
+    ln1: tuple[torch.Tensor, torch.Tensor, float]  # weight, bias, eps: F.layer_norm's order
     qkv_w: torch.Tensor  # query rows pre-scaled by 1/sqrt(head_dim)
     qkv_b: torch.Tensor
     out_w: torch.Tensor
@@ -86,7 +86,7 @@ class SingleDecode:
         d, n_heads, hd = self.d, self.h, self.hd
         x = (self.tok_emb[token] + self.pos_emb[pos]).view(1, d)
         for j, lay in enumerate(self.layers):
-            h = F.layer_norm(x, (d,), *lay.ln1[:2], lay.ln1[2])
+            h = F.layer_norm(x, (d,), *lay.ln1)
             q, k, v = F.linear(h, lay.qkv_w, lay.qkv_b).view(3, n_heads, hd)
             kc, vc = k_cache[j][slot], v_cache[j][slot]  # [H, max_len, hd] views into the pool
             kc[:, pos] = k
@@ -98,7 +98,7 @@ class SingleDecode:
             else:
                 att = sharded_attention(q[None, :, None], keys[None], values[None], mask=None, n_shards=self.n_shards).view(1, d)
             x = x + F.linear(att, lay.out_w, lay.out_b)
-            h = F.layer_norm(x, (d,), *lay.ln2[:2], lay.ln2[2])
+            h = F.layer_norm(x, (d,), *lay.ln2)
             if lay.tables is None:
                 x = x + lay.down(lay.up(h).relu_())
                 continue
@@ -107,5 +107,5 @@ class SingleDecode:
             rows = t.packed.index_select(0, idx)  # [k, 2d+1]: up row | up bias | down row
             act = torch.addmv(rows[:, d], rows[:, :d], h[0]).relu_()
             x = x + torch.addmv(t.down_b, rows[:, d + 1 :].t(), act)
-        h = F.layer_norm(x, (d,), *self.ln_f[:2], self.ln_f[2])
+        h = F.layer_norm(x, (d,), *self.ln_f)
         return F.linear(h, self.tok_emb).float()

@@ -41,8 +41,15 @@ def load_bundle(path: Path = ASSETS) -> Bundle:
         ad = torch.load(f, map_location="cpu", weights_only=True)
         adapters[ad["name"]] = ad
     pred = torch.load(path / "predictor.pt", map_location="cpu", weights_only=True)
+    neurons, caps = pred.get("neurons", {}), pred.get("caps", {})
     predictors = [
-        Predictor(pred["state"][f"{i}.p1"].float(), pred["state"][f"{i}.p2"].float()) for i in range(model.cfg.n_layers)
+        Predictor(
+            pred["state"][f"{i}.p1"].float(),
+            pred["state"][f"{i}.p2"].float(),
+            neurons[f"{i}.neurons"].long() if f"{i}.neurons" in neurons else None,
+            caps.get(str(i)),
+        )
+        for i in range(model.cfg.n_layers)
     ]
     manifest_file = path / "manifest.json"
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}

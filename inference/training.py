@@ -42,6 +42,10 @@ class TrainConfig:
     adapter_alpha: float = 16.0
     predictor_rank: int = 32
     predictor_steps: int = 200
+    # neuron calibration for the sparse FFN: training-split sequences per domain (and per
+    # adapter on its domain), and the per-token firing quantile that caps k per layer
+    calib_per_domain: int = 100
+    calib_quantile: float = 0.99
     # Activation sparsity: after the base is trained, fine-tune with an L1 penalty on the FFN's
     # ReLU outputs. The dense recipe fires 470-650 of 3,072 neurons per token, so exact top-192
     # selection already cost 8.5 arith points (benchmarks/bench_sparse_oracle.py); 400 steps at
@@ -263,6 +267,72 @@ def fit_predictor(model: TinyLM, cfg: TrainConfig, tok: Tokenizer, progress: Pro
     return predictors
 
 
+@torch.no_grad()
+def calibrate_neurons(model: TinyLM, cfg: TrainConfig, tok: Tokenizer) -> list[tuple[torch.Tensor, int]]:
+    """Per layer of the base model: the neurons that fire on training-split tokens of every
+    domain, most frequent first, and the per-token firing count at ``cfg.calib_quantile``
+    rounded up to a multiple of 32. (Adapters move which neurons fire, so tokens with an
+    adapter do not use it: with them layer 1's count at the 99th percentile is 512, not 128.)"""
+    rng = random.Random(cfg.seed + 123)
+    d_ff = model.cfg.d_ff
+    fired = [torch.zeros(d_ff, dtype=torch.long) for _ in model.blocks]
+    per_token: list[list[torch.Tensor]] = [[] for _ in model.blocks]
+    positions = torch.arange(model.cfg.max_len)
+    for domain in tasks.DOMAINS:
+        seqs, _ = _encode([tasks.sample(domain, rng) for _ in range(cfg.calib_per_domain)], rng, tok, cfg.cot_prob)
+        for seq in seqs:
+            ids = torch.tensor([seq[: model.cfg.max_len]])
+            x = model.tok_emb(ids) + model.pos_emb(positions[: ids.shape[1]])
+            for j, blk in enumerate(model.blocks):
+                x = blk.attend(x)
+                on = (blk.up(blk.ln2(x)) > 0).reshape(-1, d_ff)
+                fired[j] += on.sum(0)
+                per_token[j].append(on.sum(1))
+                x = blk.ffn(x)
+    out = []
+    for j in range(len(model.blocks)):
+        order = torch.argsort(fired[j], descending=True, stable=True)
+        neurons = order[: int((fired[j] > 0).sum())]
+        q = torch.cat(per_token[j]).float().quantile(cfg.calib_quantile).item()
+        out.append((neurons, int(math.ceil(q / 32) * 32)))
+    return out
+
+
+def calibrated(predictors: list[Predictor], calibration: list[tuple[torch.Tensor, int]]) -> list[Predictor]:
+    return [Predictor(p.p1, p.p2, neurons, cap) for p, (neurons, cap) in zip(predictors, calibration)]
+
+
+def _calibration_state(predictors: list[Predictor]) -> dict:
+    return {
+        "neurons": {f"{i}.neurons": p.neurons.to(torch.int16) for i, p in enumerate(predictors) if p.neurons is not None},
+        "caps": {str(i): p.cap for i, p in enumerate(predictors) if p.cap is not None},
+    }
+
+
+def _calibration_digest(calibration: dict) -> str:
+    return state_digest({**calibration["neurons"], **{f"{i}.cap": torch.tensor([c]) for i, c in calibration["caps"].items()}})
+
+
+def recalibrate(out_dir: Path = ASSETS, cfg: TrainConfig | None = None) -> dict:
+    """Recompute the neuron calibration from the weights already in `out_dir` (seconds, not
+    a full training run): rewrites ``predictor.pt`` and the manifest's digest."""
+    from ablab.inference.assets import load_bundle
+
+    cfg = cfg or TrainConfig()
+    torch.set_num_threads(cfg.threads)
+    bundle = load_bundle(out_dir)
+    predictors = calibrated(bundle.predictors, calibrate_neurons(bundle.model, cfg, bundle.tokenizer))
+    saved = torch.load(out_dir / "predictor.pt", map_location="cpu", weights_only=True)
+    calibration = _calibration_state(predictors)
+    torch.save({"rank": saved["rank"], "state": saved["state"], **calibration}, out_dir / "predictor.pt")
+    manifest = json.loads((out_dir / "manifest.json").read_text())
+    manifest["digests"]["neurons"] = _calibration_digest(calibration)
+    manifest["train_config"].update(calib_per_domain=cfg.calib_per_domain, calib_quantile=cfg.calib_quantile)
+    manifest["calibration"] = {f"layer{i}": {"live": len(p.neurons), "cap": p.cap} for i, p in enumerate(predictors)}
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    return manifest
+
+
 def state_digest(state: dict[str, torch.Tensor]) -> str:
     h = hashlib.sha256()
     for key in sorted(state):
@@ -285,9 +355,14 @@ def save_all(
         torch.save({**ad, "layers": half}, out_dir / "adapters" / f"{ad['name']}.pt")
         digests[f"adapter:{ad['name']}"] = state_digest({f"{i}.{k}": v for i, layer in enumerate(half) for k, v in layer.items()})
     pred_state = {f"{i}.{n}": getattr(p, n).to(torch.float16) for i, p in enumerate(predictors) for n in ("p1", "p2")}
-    torch.save({"rank": cfg.predictor_rank, "state": pred_state}, out_dir / "predictor.pt")
+    calibration = _calibration_state(predictors)
+    torch.save({"rank": cfg.predictor_rank, "state": pred_state, **calibration}, out_dir / "predictor.pt")
     digests["predictor"] = state_digest(pred_state)
+    if calibration["neurons"]:
+        digests["neurons"] = _calibration_digest(calibration)
     manifest = {"train_config": {**cfg.__dict__}, "digests": digests, "torch": torch.__version__, **report}
+    if calibration["neurons"]:
+        manifest["calibration"] = {f"layer{i}": {"live": len(p.neurons), "cap": p.cap} for i, p in enumerate(predictors)}
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
@@ -309,6 +384,6 @@ def train_all(cfg: TrainConfig, *, out_dir: Path = ASSETS, progress: Progress | 
     # the later phases can be refitted from a shipped file alone (bitwise as a full run)
     model = as_served(sparsify(as_served(train_base(cfg, tok, progress)), cfg, tok, progress))
     adapters = [train_adapter(model, d, cfg, tok, progress) for d in tasks.ADAPTER_DOMAINS]
-    predictors = fit_predictor(model, cfg, tok, progress)
+    predictors = calibrated(fit_predictor(model, cfg, tok, progress), calibrate_neurons(model, cfg, tok))
     report = evaluate(model, adapters, tok) if evaluate else {}
     return save_all(out_dir=out_dir, tok=tok, model=model, adapters=adapters, predictors=predictors, cfg=cfg, report=report)

@@ -21,7 +21,7 @@ from ablab.inference.runtime.attention import sharded_attention
 from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER, use_int8
 from ablab.inference.runtime.single import SingleDecode
-from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor, sparse_ffn
+from ablab.inference.runtime.sparse_ffn import BaseCalibration, FFNTables, Predictor, sparse_ffn
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 
@@ -93,13 +93,25 @@ class Executor:
             self.model = fp.to(self.dtype)
         self.tables: list[FFNTables] = []
         self.predictors: list[Predictor] = []
+        # tokens without an adapter select among the base model's live neurons (calibrated
+        # predictors only; runtime/sparse_ffn.py); the batch-1 path keeps only those rows
+        self.base_calibration: list[BaseCalibration | None] = []
+        single_tables: list[FFNTables] = []
+        single_predictors: list[Predictor] = []
+        single_k: list[int] = []
         if runtime.sparse_ffn_k is not None:
             if predictors is None:
                 raise ValueError("sparse_ffn_k: needs the shipped neuron predictor")
             int8_rows = runtime.precision == "int8" and INT8_SPARSE_GATHER
-            for blk in fp.blocks:
+            for blk, pred in zip(fp.blocks, predictors):
                 self.tables.append(FFNTables.from_linear(blk.up, blk.down, dtype=self.dtype, int8=int8_rows))
-            self.predictors = [Predictor(p.p1.to(self.device, self.dtype), p.p2.to(self.device, self.dtype)) for p in predictors]
+                self.predictors.append(pred.to(self.device, self.dtype))
+                neurons, k = pred.plan(runtime.sparse_ffn_k, cfg.d_ff)
+                calibration = None if neurons is None else BaseCalibration.of(neurons, k, d_ff=cfg.d_ff, dtype=self.dtype, device=self.device)
+                self.base_calibration.append(calibration)
+                single_tables.append(self.tables[-1] if neurons is None else FFNTables.from_linear(blk.up, blk.down, dtype=self.dtype, int8=int8_rows, neurons=neurons))
+                single_predictors.append(pred.restricted(neurons).to(self.device, self.dtype))
+                single_k.append(k)
         self.bank = AdapterBank(adapters or {}, n_layers=cfg.n_layers, d_model=cfg.d_model, d_ff=cfg.d_ff, dtype=self.dtype)
         for layer in self.bank.layers:
             for key in layer:
@@ -109,13 +121,13 @@ class Executor:
         self._single: SingleDecode | None = None
         # the one-token path runs QKV and out in float: take it unless int8 would run them
         one_token_int8 = bool(self._int8) and any(use_int8(name, 1, self.int8_min_tokens) for name in ("qkv", "out"))
-        if not one_token_int8 and all(t.packed is not None for t in self.tables):
+        if not one_token_int8 and all(t.up_aug is not None for t in single_tables):
             self._single = SingleDecode(
                 self.model,
                 up_down=[(self._ffn_kernel(j, "up"), self._ffn_kernel(j, "down")) for j in range(cfg.n_layers)],
-                tables=self.tables,
-                predictors=self.predictors,
-                k=runtime.sparse_ffn_k,
+                tables=single_tables,
+                predictors=single_predictors,
+                ks=single_k,
                 n_shards=runtime.kv_shards,
             )
 
@@ -310,6 +322,7 @@ class Executor:
             ffn = sparse_ffn(
                 h, tables=self.tables[j], predictor=self.predictors[j], k=self.runtime.sparse_ffn_k, lora=lora,
                 up=lambda v: self._lin(j, "up", v), down=lambda v: self._lin(j, "down", v),
+                base=self.base_calibration[j], base_tokens=None if rows is None else rows == 0,
             )
             return x + ffn
         pre = self._lin(j, "up", h)
@@ -350,6 +363,7 @@ class Executor:
             ffn_dec = sparse_ffn(
                 h[:nd], tables=self.tables[j], predictor=self.predictors[j], k=self.runtime.sparse_ffn_k, lora=dec_lora,
                 up=lambda v: self._lin(j, "up", v), down=lambda v: self._lin(j, "down", v),
+                base=self.base_calibration[j], base_tokens=None if rows is None else rows[:nd] == 0,
             )
             if nd == n_tok:
                 return x + ffn_dec

@@ -8,6 +8,15 @@ Masking a dense product would save nothing (DESIGN.md), so decode steps gather.
 The executor uses it for decode steps only (prefill runs the dense FFN). For a decode
 step over many sequences a dense product plus a mask of the same selected neurons is
 faster than gathering ``rows × k`` rows; both paths compute the same function.
+
+Calibration (``ablab train``, :func:`ablab.inference.training.calibrate_neurons`) adds two
+facts per layer about the base model, measured on training-split tokens of every domain:
+which neurons ever fire (most frequent first) and how many a token fires at the 99th
+percentile. Below k = d_ff a token without an adapter then scores only neurons that fire
+at all and takes at most that many: a neuron that does not fire contributes exactly zero,
+so computing it is waste, and the batch-1 path keeps the live rows hot-first, so the rows
+of common neurons sit together in memory (PowerInfer's hot/cold split). Adapters move
+which neurons fire, so their tokens keep plain top-k; k = d_ff still means every neuron.
 """
 
 from __future__ import annotations
@@ -27,14 +36,31 @@ GATHER_MAX_TOKENS = 8  # above this many tokens in one call, mask a dense produc
 class Predictor:
     p1: torch.Tensor  # [d, r]
     p2: torch.Tensor  # [r, d_ff]
+    # calibration: neurons that ever fired, most frequent first, and the per-token firing
+    # count at the 99th percentile (both None for an uncalibrated predictor)
+    neurons: torch.Tensor | None = None
+    cap: int | None = None
 
     def scores(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2:  # one fused kernel for the bias instead of a separate add
             return torch.addmm(bias, torch.mm(x, self.p1), self.p2)
         return torch.matmul(torch.matmul(x, self.p1), self.p2) + bias
 
-    def to(self, dtype: torch.dtype) -> "Predictor":
-        return Predictor(self.p1.to(dtype), self.p2.to(dtype))
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> "Predictor":
+        neurons = None if self.neurons is None else self.neurons.to(device)
+        return Predictor(self.p1.to(device, dtype), self.p2.to(device, dtype), neurons, self.cap)
+
+    def plan(self, k: int, d_ff: int) -> tuple[torch.Tensor | None, int]:
+        """(neurons the sparse tables keep, or None for all; neurons selected per token)."""
+        if self.neurons is None or k >= d_ff:
+            return None, k
+        return self.neurons, max(1, min(k, self.cap or k, len(self.neurons)))
+
+    def restricted(self, neurons: torch.Tensor | None) -> "Predictor":
+        """The predictor scoring only `neurons` (in that order), as the tables hold them."""
+        if neurons is None:
+            return self
+        return Predictor(self.p1, self.p2.index_select(1, neurons).contiguous(), neurons, self.cap)
 
 
 def svd_predictor(w_up: torch.Tensor, rank: int) -> Predictor:
@@ -47,7 +73,10 @@ def svd_predictor(w_up: torch.Tensor, rank: int) -> Predictor:
 
 @dataclass
 class FFNTables:
-    """FFN weights laid out for row gathers; int8 rows carry a per-row scale."""
+    """FFN weights laid out for row gathers; int8 rows carry a per-row scale.
+
+    Row i holds neuron ``neurons[i]`` (all neurons in order when ``neurons`` is None):
+    selections index rows; LoRA factors and dense masks need :meth:`neuron_ids`."""
 
     up_w: torch.Tensor  # [d_ff, d]
     up_b: torch.Tensor  # [d_ff]
@@ -55,21 +84,37 @@ class FFNTables:
     down_b: torch.Tensor  # [d]
     up_scale: torch.Tensor | None = None
     down_scale: torch.Tensor | None = None
-    # float tables also keep one packed row per neuron [up row | up bias | down row], so a
-    # decode step gathers once and runs two matrix-vector kernels: at batch 1 the step is
-    # bound by kernel count, not by FLOPs
-    packed: torch.Tensor | None = None
+    # float tables also keep each neuron's up row with its bias appended [d_ff, d + 1]: a
+    # decode step then gathers up rows once (one matrix-vector product against [h, 1]) and
+    # sums the selected down rows weighted by the activations in one embedding_bag, which
+    # reads them in place (no gathered copy). At batch 1 the step is bound by kernel count
+    # and memory traffic, not by FLOPs.
+    up_aug: torch.Tensor | None = None
+    neurons: torch.Tensor | None = None
 
     @classmethod
-    def from_linear(cls, up: torch.nn.Linear, down: torch.nn.Linear, *, dtype: torch.dtype, int8: bool) -> "FFNTables":
+    def from_linear(
+        cls, up: torch.nn.Linear, down: torch.nn.Linear, *, dtype: torch.dtype, int8: bool, neurons: torch.Tensor | None = None
+    ) -> "FFNTables":
         up_w = up.weight.detach().float()
-        down_wt = down.weight.detach().float().T.contiguous()
+        up_b = up.bias.detach().float()
+        down_wt = down.weight.detach().float().T
+        if neurons is not None:
+            up_w, up_b, down_wt = up_w[neurons], up_b[neurons], down_wt[neurons]
+        down_wt = down_wt.contiguous()
+        down_b = down.bias.detach()
         if not int8:
-            packed = torch.cat([up_w, up.bias.detach().float()[:, None], down_wt], dim=1).to(dtype).contiguous()
-            return cls(up_w.to(dtype), up.bias.detach().to(dtype), down_wt.to(dtype), down.bias.detach().to(dtype), packed=packed)
+            up_aug = torch.cat([up_w, up_b[:, None]], dim=1).to(dtype).contiguous()
+            return cls(up_w.to(dtype), up_b.to(dtype), down_wt.to(dtype), down_b.to(dtype), up_aug=up_aug, neurons=neurons)
         up_q, up_s = _quantize_rows(up_w)
         down_q, down_s = _quantize_rows(down_wt)
-        return cls(up_q, up.bias.detach().float(), down_q, down.bias.detach().float(), up_s, down_s)
+        return cls(up_q, up_b, down_q, down_b.float(), up_s, down_s, neurons=neurons)
+
+    def neuron_ids(self, idx: torch.Tensor) -> torch.Tensor:
+        """Row indices → the model's neuron ids."""
+        if self.neurons is None:
+            return idx
+        return self.neurons.index_select(0, idx.reshape(-1)).view(idx.shape)
 
     def rows(self, which: str, idx: torch.Tensor) -> torch.Tensor:
         table = self.up_w if which == "up" else self.down_wt
@@ -87,9 +132,38 @@ def _quantize_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
 
 
-def select_neurons(x: torch.Tensor, predictor: Predictor, bias: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices [N, k] of the k neurons with the largest predicted pre-activation per token."""
-    return predictor.scores(x, bias).topk(k, dim=-1, sorted=False).indices
+@dataclass(frozen=True)
+class BaseCalibration:
+    """How a token without an adapter selects: only live neurons, at most `k` of them."""
+
+    penalty: torch.Tensor  # [d_ff]: 0 for neurons that fired in calibration, -inf for the rest
+    k: int
+
+    @classmethod
+    def of(cls, neurons: torch.Tensor, k: int, *, d_ff: int, dtype: torch.dtype, device) -> "BaseCalibration":
+        penalty = torch.full((d_ff,), float("-inf"), dtype=dtype, device=device)
+        penalty[neurons.to(device)] = 0
+        return cls(penalty, k)
+
+
+def select_neurons(
+    x: torch.Tensor, predictor: Predictor, bias: torch.Tensor, k: int, *, base: BaseCalibration | None = None, base_tokens: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per token, the k neurons with the largest predicted pre-activation: indices [N, k],
+    and a 0/1 weight [N, k] when some of them must not count (None: all count).
+
+    With `base`, tokens without an adapter (`base_tokens` [N] bool; None: every token)
+    choose among live neurons only and keep at most ``base.k``."""
+    scores = predictor.scores(x, bias)
+    if base is None:
+        return scores.topk(k, dim=-1, sorted=False).indices, None
+    if base_tokens is None:
+        return (scores + base.penalty).topk(base.k, dim=-1, sorted=False).indices, None
+    scores = torch.where(base_tokens[:, None], scores + base.penalty, scores)
+    top = scores.topk(k, dim=-1, sorted=True)
+    rank_ok = torch.arange(k, device=x.device) < base.k
+    keep = (~base_tokens[:, None] | rank_ok) & torch.isfinite(top.values)
+    return top.indices, keep.to(x.dtype)
 
 
 def sparse_ffn(
@@ -98,36 +172,40 @@ def sparse_ffn(
     tables: FFNTables,
     predictor: Predictor,
     k: int,
+    up: Callable[[torch.Tensor], torch.Tensor],
+    down: Callable[[torch.Tensor], torch.Tensor],
     lora: LoRAWeights | None = None,
-    up: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    down: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    base: BaseCalibration | None = None,
+    base_tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x: [B, T, d] → [B, T, d] using only k neurons per token.
 
-    `up`/`down` are the dense projections (with bias) the many-token path may use instead
-    of the tables (the executor passes its fp32 or int8 kernels)."""
+    `up`/`down` are the dense projections (with bias) the many-token path uses instead of
+    the tables (the executor passes its fp32 or int8 kernels); `base`/`base_tokens` as in
+    :func:`select_neurons`."""
     b, t, d = x.shape
-    idx = select_neurons(x.reshape(b * t, d), predictor, tables.up_b, k)  # [N, k]
-    if lora is None and tables.packed is not None and b * t <= GATHER_MAX_TOKENS:
-        return _gathered_packed(x, tables=tables, idx=idx)
+    idx, keep = select_neurons(x.reshape(b * t, d), predictor, tables.up_b, k, base=base, base_tokens=base_tokens)
+    if lora is None and keep is None and tables.up_aug is not None and b * t <= GATHER_MAX_TOKENS:
+        return gathered_ffn(x.reshape(b * t, d), tables=tables, idx=idx).view(b, t, d)
     if b * t > GATHER_MAX_TOKENS:
-        return _masked_dense(x, tables=tables, idx=idx, lora=lora, up=up, down=down)
+        return _masked_dense(x, neurons=tables.neuron_ids(idx), keep=keep, lora=lora, up=up, down=down)
     flat = x.reshape(b * t, d)
     w_up = tables.rows("up", idx).to(flat.dtype)  # [N, k, d]
     pre = torch.matmul(w_up, flat.unsqueeze(-1)).squeeze(-1) + tables.up_b.index_select(0, idx.reshape(-1)).view(idx.shape)
     if lora is not None:
         # rows of the batch map to tokens; each token gathers its adapter's B rows for its neurons
+        ids = tables.neuron_ids(idx)  # adapter factors span all d_ff neurons
         u = lora.delta_input("up", x).reshape(b * t, -1)  # [N, r]
         b_up = lora.b["up"].repeat_interleave(t, dim=0) if lora.b["up"].shape[0] == b else lora.b["up"].expand(b * t, -1, -1)
-        b_sel = torch.gather(b_up, 1, idx.unsqueeze(-1).expand(-1, -1, b_up.shape[-1]))  # [N, k, r]
+        b_sel = torch.gather(b_up, 1, ids.unsqueeze(-1).expand(-1, -1, b_up.shape[-1]))  # [N, k, r]
         pre = pre + torch.matmul(b_sel, u.unsqueeze(-1)).squeeze(-1) * lora.scale
-    h = F.relu(pre)
+    h = F.relu(pre) if keep is None else F.relu(pre) * keep
     w_down = tables.rows("down", idx).to(flat.dtype)  # [N, k, d]
     y = torch.matmul(h.unsqueeze(1), w_down).squeeze(1) + tables.down_b
     if lora is not None:
         a_down = lora.a["down"]  # [B|1, r, d_ff]
         a_down = a_down.repeat_interleave(t, dim=0) if a_down.shape[0] == b else a_down.expand(b * t, -1, -1)
-        a_sel = torch.gather(a_down, 2, idx.unsqueeze(1).expand(-1, a_down.shape[1], -1))  # [N, r, k]
+        a_sel = torch.gather(a_down, 2, ids.unsqueeze(1).expand(-1, a_down.shape[1], -1))  # [N, r, k]
         z = torch.matmul(a_sel, h.unsqueeze(-1)).squeeze(-1)  # [N, r]
         b_down = lora.b["down"]
         b_down = b_down.repeat_interleave(t, dim=0) if b_down.shape[0] == b else b_down.expand(b * t, -1, -1)
@@ -135,37 +213,25 @@ def sparse_ffn(
     return y.reshape(b, t, d)
 
 
-def _gathered_packed(x: torch.Tensor, *, tables: FFNTables, idx: torch.Tensor) -> torch.Tensor:
-    """The no-adapter decode path: one gather of packed rows, then fused multiply-adds."""
-    b, t, d = x.shape
-    packed = tables.packed
-    if b * t == 1:
-        rows = packed.index_select(0, idx[0])  # [k, 2d+1]
-        h = torch.addmv(rows[:, d], rows[:, :d], x.reshape(d)).relu_()
-        return torch.addmv(tables.down_b, rows[:, d + 1 :].t(), h).view(b, t, d)
+def gathered_ffn(x: torch.Tensor, *, tables: FFNTables, idx: torch.Tensor) -> torch.Tensor:
+    """The no-adapter decode FFN over float tables: x [N, d], idx [N, k] table rows → [N, d]."""
     n, k = idx.shape
-    rows = packed.index_select(0, idx.reshape(-1)).view(n, k, 2 * d + 1)
-    pre = torch.baddbmm(rows[:, :, d : d + 1], rows[:, :, :d], x.reshape(n, d, 1))  # [N, k, 1]
-    y = torch.bmm(pre.relu_().transpose(1, 2), rows[:, :, d + 1 :]).view(n, d) + tables.down_b
-    return y.view(b, t, d)
+    d = x.shape[1]
+    x_aug = torch.cat([x, x.new_ones(n, 1)], dim=1)  # the appended 1 picks up each row's bias
+    if n == 1:  # a matrix-vector product is cheaper than a batch of one
+        act = torch.mv(tables.up_aug.index_select(0, idx[0]), x_aug[0]).relu_().view(1, k)
+    else:
+        rows = tables.up_aug.index_select(0, idx.reshape(-1)).view(n, k, d + 1)
+        act = torch.bmm(rows, x_aug.unsqueeze(-1)).view(n, k).relu_()
+    # one bag per token (2-D input): the weighted sum of its selected down rows
+    return F.embedding_bag(idx, tables.down_wt, per_sample_weights=act, mode="sum").add_(tables.down_b)
 
 
-def _masked_dense(x: torch.Tensor, *, tables: FFNTables, idx: torch.Tensor, lora: LoRAWeights | None, up=None, down=None) -> torch.Tensor:
-    b, t, d = x.shape
-    d_ff = tables.up_b.shape[0]
-    if up is not None and down is not None:
-        pre = up(x) + (lora.delta("up", x) if lora is not None else 0)
-        keep = torch.zeros(b * t, d_ff, dtype=torch.bool, device=x.device).scatter_(1, idx, True).reshape(b, t, -1)
-        h = F.relu(pre) * keep
-        return down(h) + (lora.delta("down", h) if lora is not None else 0)
-    up_w = tables.rows("up", torch.arange(tables.up_w.shape[0])).to(x.dtype)
-    pre = torch.matmul(x, up_w.T) + tables.up_b
-    if lora is not None:
-        pre = pre + lora.delta("up", x)
-    keep = torch.zeros(b * t, up_w.shape[0], dtype=torch.bool).scatter_(1, idx, True).reshape(b, t, -1)
-    h = F.relu(pre) * keep
-    down_wt = tables.rows("down", torch.arange(tables.down_wt.shape[0])).to(x.dtype)
-    y = torch.matmul(h, down_wt) + tables.down_b
-    if lora is not None:
-        y = y + lora.delta("down", h)
-    return y
+def _masked_dense(x: torch.Tensor, *, neurons: torch.Tensor, keep: torch.Tensor | None, lora: LoRAWeights | None, up, down) -> torch.Tensor:
+    """The dense product with every unselected neuron zeroed (`neurons`: model ids [N, k])."""
+    b, t, _ = x.shape
+    pre = up(x) + (lora.delta("up", x) if lora is not None else 0)
+    mask = torch.zeros(b * t, pre.shape[-1], dtype=pre.dtype, device=x.device)
+    mask.scatter_(1, neurons, 1.0 if keep is None else keep.to(pre.dtype))
+    h = F.relu(pre) * mask.reshape(b, t, -1)
+    return down(h) + (lora.delta("down", h) if lora is not None else 0)

@@ -43,6 +43,9 @@ def train(
     eval_n: int = typer.Option(200, min=10, help="Held-out examples per domain for the accuracy report."),
     base_steps: int = typer.Option(None, min=1, help="Override the base model's steps (the shipped weights use the default)."),
     adapter_steps: int = typer.Option(None, min=1, help="Override each adapter's steps."),
+    calibrate_only: bool = typer.Option(
+        False, "--calibrate-only", help="Only recompute the sparse-FFN neuron calibration from the weights already in --out (seconds)."
+    ),
 ) -> None:
     """Train the base model, the per-domain LoRA adapters and the sparse-FFN predictor (fixed seeds)."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -54,6 +57,12 @@ def train(
 
     target = out_dir or ASSETS
     shipped = json.loads((ASSETS / "manifest.json").read_text()) if (ASSETS / "manifest.json").is_file() else {}
+    if calibrate_only:
+        from ablab.inference.training import recalibrate
+
+        manifest = recalibrate(target)
+        out.print_json(json.dumps({"calibration": manifest["calibration"], "neurons": manifest["digests"]["neurons"]}))
+        return
     tasks_ids: dict[str, int] = {}
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total} loss={task.fields[loss]:.3f}"), TimeElapsedColumn(), console=console) as bar:
 

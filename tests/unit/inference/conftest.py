@@ -38,3 +38,21 @@ def tiny_bundle() -> Bundle:
     }
     predictors = [svd_predictor(b.up.weight.detach(), 8) for b in model.blocks]
     return Bundle(tokenizer=tok, model=model, adapters=adapters, predictors=predictors, manifest={})
+
+
+@pytest.fixture(scope="session")
+def calibrated_bundle(tiny_bundle) -> Bundle:
+    """The tiny model with a neuron calibration: 200 of its 256 neurons live, in a shuffled
+    ("hot-first") order, and at most 32 per token for tokens without an adapter."""
+    from ablab.inference.training import calibrated
+
+    gen = torch.Generator().manual_seed(7)
+    d_ff = tiny_bundle.model.cfg.d_ff
+    calibration = [(torch.randperm(d_ff, generator=gen)[:200], 32) for _ in tiny_bundle.model.blocks]
+    return Bundle(
+        tokenizer=tiny_bundle.tokenizer,
+        model=tiny_bundle.model,
+        adapters=tiny_bundle.adapters,
+        predictors=calibrated(tiny_bundle.predictors, calibration),
+        manifest={},
+    )

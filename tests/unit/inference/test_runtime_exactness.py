@@ -67,7 +67,10 @@ def test_dense_executor_matches_training_forward(tiny_bundle):
     assert (got - ref).abs().max().item() <= 1e-5
 
 
-def test_sparse_ffn_with_k_equal_d_ff_equals_dense(tiny_bundle):
+@pytest.mark.parametrize("bundle_name", ["tiny_bundle", "calibrated_bundle"])
+def test_sparse_ffn_with_k_equal_d_ff_equals_dense(request, bundle_name):
+    """k = d_ff means every neuron, also when a calibration would restrict smaller k."""
+    tiny_bundle = request.getfixturevalue(bundle_name)
     d_ff = tiny_bundle.model.cfg.d_ff
     dense, _ = _generate(tiny_bundle, RuntimeConfig(), PROMPTS)
     sparse, _ = _generate(tiny_bundle, RuntimeConfig(sparse_ffn_k=d_ff), PROMPTS)
@@ -111,8 +114,13 @@ def test_lora_adapter_with_zero_b_equals_base(tiny_bundle):
 
 # fp32 paths only: dynamic INT8 picks one activation scale per batch tensor, so a batch
 # is quantized differently from each of its rows alone (a property of the method).
-@pytest.mark.parametrize("runtime", [RuntimeConfig(), RuntimeConfig(sparse_ffn_k=64), RuntimeConfig(kv_shards=4)])
-def test_batched_results_equal_unbatched(tiny_bundle, runtime):
+@pytest.mark.parametrize(
+    "runtime, bundle_name",
+    [(RuntimeConfig(), "tiny_bundle"), (RuntimeConfig(sparse_ffn_k=64), "tiny_bundle"), (RuntimeConfig(kv_shards=4), "tiny_bundle"), (RuntimeConfig(sparse_ffn_k=64), "calibrated_bundle")],
+    ids=["dense", "sparse64", "shards4", "sparse64-calibrated"],
+)
+def test_batched_results_equal_unbatched(request, runtime, bundle_name):
+    tiny_bundle = request.getfixturevalue(bundle_name)
     adapters = [None, "ledger", "mirror", None, "ledger"]  # several adapters in one batch
     single = [_generate(tiny_bundle, runtime, [p], adapters=[a])[0][0] for p, a in zip(PROMPTS, adapters)]
     batched, _ = _generate(tiny_bundle, runtime, PROMPTS, adapters=adapters, batch=4)
@@ -333,9 +341,12 @@ def test_serving_trace_targets_fit_the_context(tiny_bundle):
     [RuntimeConfig(), RuntimeConfig(sparse_ffn_k=64), RuntimeConfig(sparse_ffn_k=256), RuntimeConfig(kv_shards=3), RuntimeConfig(precision="int8"), RuntimeConfig(precision="int8", sparse_ffn_k=64)],
     ids=["dense", "sparse64", "sparse-all", "shards3", "int8", "int8-sparse64"],
 )
-def test_batch_one_decode_path_equals_the_general_path(tiny_bundle, runtime):
+@pytest.mark.parametrize("bundle_name", ["tiny_bundle", "calibrated_bundle"])
+def test_batch_one_decode_path_equals_the_general_path(request, runtime, bundle_name):
     """A lone sequence takes the few-kernel path (runtime/single.py); a batch of two copies of
-    it takes the general one. Logits and the cache entries written must agree."""
+    it takes the general one. Logits and the cache entries written must agree (calibrated:
+    the batch-1 path keeps only the live neurons' rows, the general path masks the rest)."""
+    tiny_bundle = request.getfixturevalue(bundle_name)
     ex = Executor(tiny_bundle.model, runtime=runtime, predictors=tiny_bundle.predictors)
     assert ex._single is not None
     ids = tiny_bundle.tokenizer.encode(PROMPTS[1])
@@ -408,3 +419,27 @@ def test_engine_sheds_admitted_requests_whose_prompt_has_not_started(tiny_bundle
     while not all(r.done.is_set() for r in first + later):
         eng.step(block=False)
     assert all(r.tokens and not r.error for r in first + [later[0], later[2]])
+
+
+def test_calibration_restricts_tokens_without_an_adapter_only(calibrated_bundle, tiny_bundle):
+    """Base tokens choose among live neurons, at most the cap; adapter tokens keep plain top-k."""
+    from ablab.inference.runtime.sparse_ffn import select_neurons
+
+    ex = Executor(calibrated_bundle.model, runtime=RuntimeConfig(sparse_ffn_k=64), predictors=calibrated_bundle.predictors)
+    live = set(calibrated_bundle.predictors[0].neurons.tolist())
+    x = torch.randn(6, calibrated_bundle.model.cfg.d_model)
+    base_tokens = torch.tensor([True, False, True, False, True, False])
+    idx, keep = select_neurons(x, ex.predictors[0], ex.tables[0].up_b, 64, base=ex.base_calibration[0], base_tokens=base_tokens)
+    for row, is_base in enumerate(base_tokens.tolist()):
+        chosen = {int(i) for i, w in zip(idx[row], keep[row]) if w > 0}
+        if is_base:
+            assert chosen <= live and len(chosen) == 32
+        else:
+            assert len(chosen) == 64 and not chosen <= live  # a dead neuron among 64 of 256: all but certain
+    # an adapter's tokens decode exactly as without the calibration, base tokens do not
+    plain = _generate(tiny_bundle, RuntimeConfig(sparse_ffn_k=64), PROMPTS, adapters=["ledger"] * len(PROMPTS))[0]
+    calib = _generate(calibrated_bundle, RuntimeConfig(sparse_ffn_k=64), PROMPTS, adapters=["ledger"] * len(PROMPTS))[0]
+    for a, b in zip(plain, calib):  # the same neurons, summed in another order
+        assert a.tokens == b.tokens
+        assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-5
+    assert (_decode_logits(tiny_bundle, RuntimeConfig(sparse_ffn_k=64), PROMPTS[0]) - _decode_logits(calibrated_bundle, RuntimeConfig(sparse_ffn_k=64), PROMPTS[0])).abs().max().item() > 1e-4

@@ -74,3 +74,18 @@ def test_sparse_decode_keeps_arith_within_two_points_of_dense(bundle):
     dense = accuracy(bundle, domain="arith", n=200)
     sparse = accuracy(bundle, domain="arith", runtime=RuntimeConfig(sparse_ffn_k=SPARSE_K), n=200)
     assert sparse >= dense - 0.02, (dense, sparse)
+
+
+def test_neuron_calibration_reproduces_from_the_shipped_weights(bundle):
+    """`calibrate_neurons` on the shipped base gives the shipped live sets and caps."""
+    import torch
+
+    from ablab.inference.training import TrainConfig, calibrate_neurons
+
+    torch.set_num_threads(1)
+    got = calibrate_neurons(bundle.model, TrainConfig(), bundle.tokenizer)
+    for pred, (neurons, cap) in zip(bundle.predictors, got):
+        assert torch.equal(pred.neurons, neurons) and pred.cap == cap
+        assert cap % 32 == 0 and len(neurons) == len(set(neurons.tolist()))
+    layer1 = bundle.manifest["calibration"]["layer1"]
+    assert layer1["live"] < bundle.model.cfg.d_ff // 2  # most of layer 1 never fires: what the restriction saves

@@ -20,7 +20,7 @@ class Factor:
     """One picker: a flat factor name (``compression.tau``) and what the schema allows."""
 
     name: str
-    kind: str  # "enum" | "int" | "float" | "str"
+    kind: str  # "enum" | "int" | "float" | "bool" | "str"
     default: Any
     nullable: bool = False
     minimum: float | None = None
@@ -53,7 +53,7 @@ def _factor(schema: Mapping[str, Any], name: str, node: Mapping[str, Any]) -> Fa
     default = node.get("default")
     if "enum" in body:
         return Factor(name, "enum", default, nullable, choices=tuple(body["enum"]), help=node.get("description", ""))
-    kind = {"integer": "int", "number": "float"}.get(body.get("type"), "str")
+    kind = {"integer": "int", "number": "float", "boolean": "bool"}.get(body.get("type"), "str")
     return Factor(name, kind, default, nullable, body.get("minimum"), body.get("maximum"),
                   pattern=body.get("pattern"), help=node.get("description", ""))
 

@@ -39,6 +39,7 @@ class GenRequest:
     finished_at: float | None = None
     device_s: float = 0.0
     error: str | None = None
+    shed: bool = False  # refused by load shedding (the error says why); retrying elsewhere may succeed
     done: threading.Event = field(default_factory=threading.Event)
     # engine-internal
     slot: int = -1
@@ -173,6 +174,7 @@ class Engine:
     def _finish(self, req: GenRequest, *, error: str | None = None, shed: bool = False) -> None:
         req.finished_at = time.perf_counter()
         req.error = error
+        req.shed = shed
         if shed:  # refused before generating: not a sample of how long requests run
             self.shed += 1
         else:

@@ -138,7 +138,9 @@ class PrecisionComponent:
 
 
 class BatchingComponent:
-    name, fields = "batching", ("batching.policy", "batching.max_batch", "batching.window_ms")
+    name, fields = "batching", (
+        "batching.policy", "batching.max_batch", "batching.window_ms", "batching.ttft_slo_ms", "batching.tpot_slo_ms", "batching.shed_late",
+    )
 
     def reasons(self, s, ctx):
         b = s.batching
@@ -146,7 +148,10 @@ class BatchingComponent:
 
     def apply(self, s, plan):
         b = s.batching
-        plan.batching = BatchingConfig(b.policy.value, b.max_batch if b.policy.value != "none" else 1, b.window_ms)
+        plan.batching = BatchingConfig(
+            b.policy.value, b.max_batch if b.policy.value != "none" else 1, b.window_ms,
+            tpot_slo_ms=b.tpot_slo_ms, ttft_slo_ms=b.ttft_slo_ms, shed_late=b.shed_late,
+        )
 
 
 class ChainOfThought:

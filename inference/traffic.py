@@ -94,6 +94,7 @@ class TrafficResult:
     sent: int = 0
     ok: int = 0
     failed: int = 0
+    shed: int = 0  # of failed: refused with 503 by a worker shedding load (batching.shed_late)
     correct: int = 0
     rum_ms: list[float] = field(default_factory=list)
 
@@ -126,6 +127,7 @@ def run_traffic(
             result.sent += 1
             if not ok:
                 result.failed += 1
+                result.shed += int(r.status_code == 503)
                 return
             result.ok += 1
             result.rum_ms.append(e2e_ms)

@@ -4,7 +4,9 @@ A strategy names only factors the runtime implements (``ablab.inference`` regist
 component per factor). Unknown fields are rejected with their name, so a typo in an
 experiment YAML never silently serves the default. ``content_hash`` is stable across
 processes and Python versions: it hashes the canonical JSON of the fully-defaulted
-object, so ``{}`` and an explicit all-defaults strategy hash the same.
+object, so ``{}`` and an explicit all-defaults strategy hash the same. Fields added
+after the schema's first release (``ADDED_FIELDS``) are left out of that JSON while at
+their default, so adding them changed no stored strategy's hash.
 """
 
 from __future__ import annotations
@@ -50,6 +52,29 @@ class Batching(_Frozen):
     policy: BatchingPolicy = BatchingPolicy.none
     max_batch: int = Field(default=8, ge=1, le=1024)
     window_ms: float = Field(default=5.0, ge=0.0, le=10_000.0, description="Longest wait to fill a batch.")
+    ttft_slo_ms: float | None = Field(
+        default=None, gt=0.0, le=600_000.0, description="Adaptive only: admit requests that can still meet this TTFT first."
+    )
+    tpot_slo_ms: float | None = Field(
+        default=None, gt=0.0, le=60_000.0, description="Adaptive only: size each step so running sequences keep this TPOT."
+    )
+    shed_late: bool = Field(
+        default=False, description="Adaptive with a TTFT SLO: refuse (HTTP 503) requests that can no longer meet it."
+    )
+
+    @model_validator(mode="after")
+    def _slo_needs_adaptive(self) -> "Batching":
+        slo_set = [name for name in ("ttft_slo_ms", "tpot_slo_ms", "shed_late") if getattr(self, name) not in (None, False)]
+        if slo_set and self.policy is not BatchingPolicy.adaptive:
+            raise ValueError(f"batching.{slo_set[0]} is set but batching.policy is '{self.policy.value}'; SLOs steer the adaptive policy only")
+        if self.shed_late and self.ttft_slo_ms is None:
+            raise ValueError("batching.shed_late needs batching.ttft_slo_ms: shedding refuses requests past that SLO")
+        return self
+
+
+# (object, field) pairs added after schema version 1 was released: omitted from the
+# canonical JSON while at their default, which keeps every earlier content_hash
+ADDED_FIELDS: frozenset[tuple[str, str]] = frozenset({("batching", "ttft_slo_ms"), ("batching", "tpot_slo_ms"), ("batching", "shed_late")})
 
 
 class Strategy(_Frozen):
@@ -75,7 +100,11 @@ class Strategy(_Frozen):
         return self
 
     def canonical_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        for obj, name in ADDED_FIELDS:
+            if data[obj][name] == type(getattr(self, obj)).model_fields[name].default:
+                del data[obj][name]
+        return json.dumps(data, sort_keys=True, separators=(",", ":"))
 
     @property
     def content_hash(self) -> str:

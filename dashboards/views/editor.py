@@ -39,6 +39,9 @@ def _factor_widget(prefix: str, factor: forms.Factor, level: Any, *, disabled: b
         choices = list(factor.choices)
         _init(key, level if level in choices else factor.default)
         return st.selectbox(label, choices, key=key, help=hint or None, disabled=disabled)
+    if factor.kind == "bool":
+        _init(key, bool(level))
+        return st.checkbox(label, key=key, help=hint or None, disabled=disabled)
     if factor.kind in ("int", "float"):
         is_int = factor.kind == "int"
         cast = int if is_int else float

@@ -34,6 +34,7 @@ class Served:
     adapter: str | None
     compression_ratio: float  # kept prompt tokens / original prompt tokens
     error: str | None = None
+    overloaded: bool = False  # refused by load shedding (batching.shed_late)
 
     @property
     def tpot_s(self) -> float | None:
@@ -158,4 +159,5 @@ class InferenceService:
             adapter=adapter,
             compression_ratio=ratio,
             error=final.error[:256] if final.error else None,
+            overloaded=final.shed,
         )

@@ -53,6 +53,8 @@ class InferResponse(BaseModel):
     revalidated: bool
     adapter: str | None
     error: str | None = None
+    # refused by load shedding: the HTTP endpoint answers 503 with Retry-After
+    overloaded: bool = False
 
 
 class Worker:
@@ -106,6 +108,7 @@ class Worker:
             revalidated=served.revalidated,
             adapter=served.adapter,
             error=served.error,
+            overloaded=served.overloaded,
         )
         if chosen is not None:
             ts = when.isoformat()
@@ -136,15 +139,18 @@ def create_app(worker: Worker):
     app = FastAPI(title="ablab inference worker")
     telemetry.instrument(app, service="ablab-worker")  # no-op unless ABLAB_TRACING is on
 
-    @app.post("/v1/infer", response_model=InferResponse)
+    @app.post("/v1/infer", response_model=InferResponse, responses={503: {"model": InferResponse, "description": "Shed: queued past the strategy's TTFT SLO; retry after Retry-After seconds"}})
     def infer(body: InferRequest) -> InferResponse:  # sync: FastAPI's threadpool gives concurrency
         if telemetry.enabled():  # the span's trace id is the event trace_id
             body = body if body.trace_id else body.model_copy(update={"trace_id": ev.new_trace_id()})
         try:
             with telemetry.span("inference", trace_id=body.trace_id, **{"ablab.unit_id": body.unit_id, "ablab.domain": body.domain}):
-                return worker.handle(body)
+                response = worker.handle(body)
         except StrategyNotServable as exc:
             raise HTTPException(status_code=422, detail={"title": "strategy not servable", "reasons": exc.reasons}) from exc
+        if response.overloaded:  # shed past its TTFT SLO: a client or balancer should retry elsewhere
+            return JSONResponse(response.model_dump(mode="json"), status_code=503, headers={"Retry-After": "1"})
+        return response
 
     @app.get("/healthz")
     def healthz() -> Mapping[str, Any]:

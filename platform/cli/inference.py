@@ -156,7 +156,7 @@ def traffic(
     result = run_traffic(worker_url=worker_url, cfg=cfg, sink=sink, ledger=ledger)
     sink.close()
     acc = result.correct / result.ok if result.ok else 0.0
-    out.print_json(json.dumps({"sent": result.sent, "ok": result.ok, "failed": result.failed, "accuracy": acc}))
+    out.print_json(json.dumps({"sent": result.sent, "ok": result.ok, "failed": result.failed, "shed": result.shed, "accuracy": acc}))
 
 
 def labeler(

@@ -75,3 +75,8 @@ def test_validation_errors_name_the_field():
 
 def test_diff_update_sends_only_changes():
     assert forms.diff_update({"name": "x", "traffic": 0.5}, {"name": "x", "traffic": 0.6}) == {"traffic": 0.6}
+
+
+def test_boolean_factors_get_a_checkbox_kind():
+    shed = {f.name: f for f in forms.strategy_factors()}["batching.shed_late"]
+    assert shed.kind == "bool" and shed.default is False

@@ -20,6 +20,7 @@ VARIANTS = {
     "shards": {"kv_shards": 3},
     "fixed": {"batching": {"policy": "fixed", "max_batch": 4, "window_ms": 1}},
     "adaptive": {"batching": {"policy": "adaptive", "max_batch": 4, "window_ms": 1}},
+    "adaptive-slo": {"batching": {"policy": "adaptive", "max_batch": 4, "window_ms": 1, "ttft_slo_ms": 60000, "tpot_slo_ms": 1000, "shed_late": True}},
     "bf16": {"precision": "bf16"},
     "int8": {"precision": "int8"},
     "cot": {"cot_depth": 2},
@@ -110,3 +111,32 @@ def test_static_assigner_is_sticky_and_splits():
     got = {a.assign(f"u{i}")[0].variant for i in range(50)}
     assert got == {"a", "b"}
     assert all(a.assign("u7")[0].variant == a.assign("u7")[0].variant for _ in range(3))
+
+
+SHEDDING = {"batching": {"policy": "adaptive", "max_batch": 4, "window_ms": 1, "ttft_slo_ms": 0.01, "shed_late": True}}
+
+
+def test_a_request_past_its_ttft_slo_is_shed_with_503_and_still_counted(service):
+    """A 0.01 ms TTFT SLO cannot be met by any request, so shedding refuses each one: the
+    HTTP answer is 503 with Retry-After, and the exposure and the failed inference are
+    still emitted (shedding shows up in the variant's error rate, not as lost traffic)."""
+    from fastapi.testclient import TestClient
+
+    from ablab.inference.serving.worker import create_app
+
+    sink = ListSink()
+    worker = Worker(service=service, assigner=StaticAssigner("exp1", {"shed": SHEDDING}), sink=sink)
+    with TestClient(create_app(worker)) as client:
+        r = client.post("/v1/infer", json={"unit_id": "u-9", "prompt": "12+34=", "domain": "arith"})
+    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    body = r.json()
+    assert body["overloaded"] is True and body["error"].startswith("overloaded: queued") and "TTFT SLO" in body["error"]
+    assert [e["type"] for e in sink.events] == ["exposure", "inference"]
+    assert sink.events[1]["error"].startswith("overloaded") and sink.events[1]["trace_id"] == body["trace_id"]
+
+
+def test_slos_without_shedding_serve_normally(service):
+    slo = {"batching": {"policy": "adaptive", "max_batch": 4, "window_ms": 1, "ttft_slo_ms": 0.01, "tpot_slo_ms": 0.01}}
+    worker = Worker(service=service, assigner=StaticAssigner("exp1", {"slo": slo}), sink=ListSink())
+    resp = worker.handle(InferRequest(unit_id="u-10", prompt="12+34=", domain="arith"))
+    assert resp.error is None and not resp.overloaded and resp.output_tokens >= 1

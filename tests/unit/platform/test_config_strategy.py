@@ -49,3 +49,33 @@ def test_content_hash_is_stable_and_default_insensitive() -> None:
 
 def test_factors_cover_the_schema() -> None:
     assert {"sparse_ffn_k", "kv_shards", "precision", "lora_adapter", "compression.tau", "batching.policy", "cot_depth"} <= set(FACTOR_NAMES)
+
+
+def test_fields_added_after_v1_keep_every_earlier_hash() -> None:
+    """Hashes as stored before the batching SLO fields existed (main at 91c50c2)."""
+    stored = {
+        "19058e0a7156d2bd": {},
+        "4b0fbc8cc4b47487": {"sparse_ffn_k": 192},
+        "21aa5a32dd9c4067": {"batching": {"policy": "adaptive", "max_batch": 16}},
+        "3dd8d249a4a91551": {"precision": "int8", "kv_shards": 4},
+    }
+    for digest, body in stored.items():
+        assert Strategy.model_validate(body).content_hash == digest
+    explicit = {"batching": {"policy": "adaptive", "max_batch": 16, "ttft_slo_ms": None, "shed_late": False}}
+    assert Strategy.model_validate(explicit).content_hash == "21aa5a32dd9c4067"
+    with_slo = {"batching": {"policy": "adaptive", "max_batch": 16, "ttft_slo_ms": 200, "shed_late": True}}
+    assert Strategy.model_validate(with_slo).content_hash != "21aa5a32dd9c4067"
+
+
+@pytest.mark.parametrize(
+    "batching, field",
+    [
+        ({"policy": "fixed", "ttft_slo_ms": 100}, "batching.ttft_slo_ms"),
+        ({"policy": "none", "shed_late": True}, "batching.shed_late"),
+        ({"policy": "adaptive", "shed_late": True}, "batching.ttft_slo_ms"),
+        ({"policy": "adaptive", "tpot_slo_ms": 0}, "tpot_slo_ms"),
+    ],
+)
+def test_slo_fields_are_validated_with_their_name(batching, field) -> None:
+    with pytest.raises(ValidationError, match=field.replace(".", r"\.")):
+        Strategy.model_validate({"batching": batching})

@@ -124,7 +124,7 @@ class Executor:
         if not one_token_int8 and all(t.up_aug is not None for t in single_tables):
             self._single = SingleDecode(
                 self.model,
-                up_down=[(self._ffn_kernel(j, "up"), self._ffn_kernel(j, "down")) for j in range(cfg.n_layers)],
+                int8_ffn=[(self._int8_one_token(j, "up"), self._int8_one_token(j, "down")) for j in range(cfg.n_layers)],
                 tables=single_tables,
                 predictors=single_predictors,
                 ks=single_k,
@@ -260,13 +260,10 @@ class Executor:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return F.linear(self.model.ln_f(h), self._tok_emb).float()
 
-    def _ffn_kernel(self, j: int, name: str):
-        """The FFN projection a one-token call runs: int8 where it wins at one token, else linear."""
+    def _int8_one_token(self, j: int, name: str):
+        """The dynamic-int8 projection where it beats float at one token, else None."""
         q = self._int8.get((j, name))
-        if q is not None and use_int8(name, 1, self.int8_min_tokens):
-            return q
-        lin = getattr(self.model.blocks[j], name)
-        return lambda x, w=lin.weight, b=lin.bias: F.linear(x, w, b)
+        return q if q is not None and use_int8(name, 1, self.int8_min_tokens) else None
 
     def _lin(self, j: int, name: str, x: torch.Tensor) -> torch.Tensor:
         q = self._int8.get((j, name))

@@ -8,7 +8,9 @@ the most common serving case, one sequence without an adapter, and computes the 
 function with a quarter fewer aten calls (208 against 275 per dense step, nested calls
 included, torch profiler) and no module calls:
 
-- weights are plain tensors held per layer (no ``nn.Module`` calls);
+- weights are plain tensors held per layer (no ``nn.Module`` calls), pre-transposed so each
+  projection is one ``addmm`` that also adds the residual stream (no ``linear`` → ``t``
+  → ``addmm`` → ``add``);
 - the attention scale is folded into the query rows of the QKV projection;
 - attention over the slot's cache is two ``bmm`` and a softmax (no mask: the cache
   holds exactly the positions the token may see);
@@ -37,13 +39,18 @@ from ablab.inference.runtime.sparse_ffn import FFNTables, Predictor
 @dataclass(frozen=True)
 class _Layer:
     ln1: tuple[torch.Tensor, torch.Tensor, float]  # weight, bias, eps: F.layer_norm's order
-    qkv_w: torch.Tensor  # query rows pre-scaled by 1/sqrt(head_dim)
+    qkv_wt: torch.Tensor  # [d, 3d], query columns pre-scaled by 1/sqrt(head_dim)
     qkv_b: torch.Tensor
-    out_w: torch.Tensor
+    out_wt: torch.Tensor  # [d, d]
     out_b: torch.Tensor
     ln2: tuple[torch.Tensor, torch.Tensor, float]
-    up: Callable[[torch.Tensor], torch.Tensor] | None  # dense FFN kernels (linear, or dynamic int8)
-    down: Callable[[torch.Tensor], torch.Tensor] | None
+    # dense FFN: float weights (pre-transposed), or a dynamic-int8 module where it wins at one token
+    up_wt: torch.Tensor
+    up_b: torch.Tensor
+    down_wt: torch.Tensor
+    down_b: torch.Tensor
+    up_int8: Callable[[torch.Tensor], torch.Tensor] | None
+    down_int8: Callable[[torch.Tensor], torch.Tensor] | None
     tables: FFNTables | None  # sparse FFN (live neurons' rows + predictor)
     predictor: Predictor | None
     k: int  # neurons per token in this layer (sparse only)
@@ -52,16 +59,20 @@ class _Layer:
 class SingleDecode:
     """``step(token, pos, pool, slot)`` → logits [1, V], equal to ``Executor.decode`` at b = 1."""
 
-    def __init__(self, model, *, up_down: list[tuple[Callable, Callable]], tables: list[FFNTables], predictors: list[Predictor], ks: list[int], n_shards: int):
+    def __init__(
+        self, model, *, int8_ffn: list[tuple[Callable | None, Callable | None]], tables: list[FFNTables], predictors: list[Predictor], ks: list[int], n_shards: int
+    ):
         cfg = model.cfg
         self.d, self.h, self.hd = cfg.d_model, cfg.n_heads, cfg.head_dim
         self.n_shards = n_shards
         self.tok_emb = model.tok_emb.weight
+        self.tok_emb_t = self.tok_emb.t()  # the tied LM head
         self._one = self.tok_emb.new_ones(1)  # appended to h: picks up each gathered row's bias
         self._bag = torch.zeros(1, dtype=torch.long, device=self.tok_emb.device)  # one bag at offset 0
         self.pos_emb = model.pos_emb.weight
         self.ln_f = (model.ln_f.weight, model.ln_f.bias, model.ln_f.eps)
         scale = 1.0 / math.sqrt(cfg.head_dim)
+        sparse = bool(ks)
         self.layers: list[_Layer] = []
         for j, blk in enumerate(model.blocks):
             qkv_w = blk.qkv.weight.detach().clone()
@@ -70,17 +81,20 @@ class SingleDecode:
             if n_shards == 1:
                 qkv_w[: cfg.d_model] *= scale
                 qkv_b[: cfg.d_model] *= scale
-            sparse = bool(ks)
             self.layers.append(
                 _Layer(
                     ln1=(blk.ln1.weight, blk.ln1.bias, blk.ln1.eps),
-                    qkv_w=qkv_w,
+                    qkv_wt=qkv_w.t(),
                     qkv_b=qkv_b,
-                    out_w=blk.out.weight,
+                    out_wt=blk.out.weight.t(),
                     out_b=blk.out.bias,
                     ln2=(blk.ln2.weight, blk.ln2.bias, blk.ln2.eps),
-                    up=None if sparse else up_down[j][0],
-                    down=None if sparse else up_down[j][1],
+                    up_wt=blk.up.weight.t(),
+                    up_b=blk.up.bias,
+                    down_wt=blk.down.weight.t(),
+                    down_b=blk.down.bias,
+                    up_int8=int8_ffn[j][0],
+                    down_int8=int8_ffn[j][1],
                     tables=tables[j] if sparse else None,
                     predictor=predictors[j] if sparse else None,
                     k=ks[j] if sparse else 0,
@@ -92,7 +106,7 @@ class SingleDecode:
         x = (self.tok_emb[token] + self.pos_emb[pos]).view(1, d)
         for j, lay in enumerate(self.layers):
             h = F.layer_norm(x, (d,), *lay.ln1)
-            q, k, v = F.linear(h, lay.qkv_w, lay.qkv_b).view(3, n_heads, hd)
+            q, k, v = torch.addmm(lay.qkv_b, h, lay.qkv_wt).view(3, n_heads, hd)
             kc, vc = k_cache[j][slot], v_cache[j][slot]  # [H, max_len, hd] views into the pool
             kc[:, pos] = k
             vc[:, pos] = v
@@ -102,14 +116,15 @@ class SingleDecode:
                 att = torch.bmm(p.transpose(1, 2), values).view(1, d)
             else:
                 att = sharded_attention(q[None, :, None], keys[None], values[None], mask=None, n_shards=self.n_shards).view(1, d)
-            x = x + F.linear(att, lay.out_w, lay.out_b)
+            x = torch.addmm(x, att, lay.out_wt).add_(lay.out_b)
             h = F.layer_norm(x, (d,), *lay.ln2)
             if lay.tables is None:
-                x = x + lay.down(lay.up(h).relu_())
+                act = (torch.addmm(lay.up_b, h, lay.up_wt) if lay.up_int8 is None else lay.up_int8(h)).relu_()
+                x = torch.addmm(x, act, lay.down_wt).add_(lay.down_b) if lay.down_int8 is None else x + lay.down_int8(act)
                 continue
             t, pr = lay.tables, lay.predictor
             idx = torch.addmm(t.up_b, torch.mm(h, pr.p1), pr.p2).topk(lay.k, sorted=False).indices[0]
             act = torch.mv(t.up_aug.index_select(0, idx), torch.cat([h[0], self._one])).relu_()
             x = F.embedding_bag(idx, t.down_wt, self._bag, per_sample_weights=act, mode="sum").add_(x).add_(t.down_b)
         h = F.layer_norm(x, (d,), *self.ln_f)
-        return F.linear(h, self.tok_emb).float()
+        return torch.mm(h, self.tok_emb_t).float()

@@ -21,7 +21,7 @@ from ablab.inference.runtime.attention import sharded_attention
 from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER, use_int8
 from ablab.inference.runtime.single import SingleDecode
-from ablab.inference.runtime.sparse_ffn import BaseCalibration, FFNTables, Predictor, sparse_ffn
+from ablab.inference.runtime.sparse_ffn import GATHER_MAX_TOKENS, BaseCalibration, FFNTables, Predictor, sparse_ffn
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "int8": torch.float32}
 
@@ -72,7 +72,9 @@ class Executor:
         adapters: dict[str, dict] | None = None,
         device: str | torch.device = "cpu",
         int8_min_tokens: dict[str, int] | None = None,
+        few_kernel: bool = True,
     ):
+        """`few_kernel=False` keeps every decode step on the general path (tests compare the two)."""
         cfg = model.cfg
         self.cfg = cfg
         self.runtime = runtime
@@ -121,7 +123,7 @@ class Executor:
         self._single: SingleDecode | None = None
         # the one-token path runs QKV and out in float: take it unless int8 would run them
         one_token_int8 = bool(self._int8) and any(use_int8(name, 1, self.int8_min_tokens) for name in ("qkv", "out"))
-        if not one_token_int8 and all(t.up_aug is not None for t in single_tables):
+        if few_kernel and not one_token_int8 and all(t.up_aug is not None for t in single_tables):
             self._single = SingleDecode(
                 self.model,
                 int8_ffn=[(self._int8_one_token(j, "up"), self._int8_one_token(j, "down")) for j in range(cfg.n_layers)],
@@ -186,8 +188,13 @@ class Executor:
         tk = max(lengths) + 1
         if tk > self.cfg.max_len:
             raise ValueError(f"sequence reached the model's max_len {self.cfg.max_len}")
-        if b == 1 and not adapters[0] and self._single is not None:
-            return self._single.step(tokens[0], lengths[0], k_cache=pool.k, v_cache=pool.v, slot=slots[0])
+        if self._single is not None and not any(adapters):
+            if b == 1:
+                return self._single.step(tokens[0], lengths[0], k_cache=pool.k, v_cache=pool.v, slot=slots[0])
+            # a few sequences in float: the same few-kernel layer, batched (int8 keeps the
+            # general path, which picks its kernels by token count)
+            if not self._int8 and (not self.tables or b <= GATHER_MAX_TOKENS):
+                return self._single.step_many(tokens, lengths, k_cache=pool.k, v_cache=pool.v, slots=slots)
         tok = torch.tensor(tokens, device=self.device)
         pos = torch.tensor(lengths, device=self.device)
         x = (self._tok_emb.index_select(0, tok) + self._pos_emb.index_select(0, pos)).unsqueeze(1)  # [b, 1, d]

@@ -57,7 +57,8 @@ class _Layer:
 
 
 class SingleDecode:
-    """``step(token, pos, pool, slot)`` → logits [1, V], equal to ``Executor.decode`` at b = 1."""
+    """``step(token, pos, pool, slot)`` → logits [1, V], equal to ``Executor.decode`` at b = 1;
+    ``step_many`` does the same for a few sequences without adapters (float weights)."""
 
     def __init__(
         self, model, *, int8_ffn: list[tuple[Callable | None, Callable | None]], tables: list[FFNTables], predictors: list[Predictor], ks: list[int], n_shards: int
@@ -126,5 +127,54 @@ class SingleDecode:
             idx = torch.addmm(t.up_b, torch.mm(h, pr.p1), pr.p2).topk(lay.k, sorted=False).indices[0]
             act = torch.mv(t.up_aug.index_select(0, idx), torch.cat([h[0], self._one])).relu_()
             x = F.embedding_bag(idx, t.down_wt, self._bag, per_sample_weights=act, mode="sum").add_(x).add_(t.down_b)
+        h = F.layer_norm(x, (d,), *self.ln_f)
+        return torch.mm(h, self.tok_emb_t).float()
+
+    def step_many(self, tokens: list[int], positions: list[int], *, k_cache: list[torch.Tensor], v_cache: list[torch.Tensor], slots: list[int]) -> torch.Tensor:
+        """One decode step for b sequences without adapters (float weights): token i goes at
+        position ``positions[i]`` of cache slot ``slots[i]``. Logits [b, V]."""
+        d, n_heads, hd = self.d, self.h, self.hd
+        b = len(tokens)
+        dev = self.tok_emb.device
+        pos_t = torch.tensor(positions, device=dev)
+        slot_t = torch.tensor(slots, device=dev)
+        tk = max(positions) + 1
+        x = self.tok_emb.index_select(0, torch.tensor(tokens, device=dev)) + self.pos_emb.index_select(0, pos_t)
+        # a row attends to its own positions only; equal lengths need no mask
+        same_pos = min(positions) == max(positions)
+        mask = None if same_pos else torch.arange(tk, device=dev)[None, :] <= pos_t[:, None]  # [b, tk]
+        # the pool hands out low slots first, so a batch's slots are usually one range: views
+        # then replace the gather of every row's cache
+        run = slots == list(range(slots[0], slots[0] + b))
+        cache_rows = slice(slots[0], slots[0] + b) if run else slot_t
+        for j, lay in enumerate(self.layers):
+            h = F.layer_norm(x, (d,), *lay.ln1)
+            q, k, v = torch.addmm(lay.qkv_b, h, lay.qkv_wt).view(b, 3, n_heads, hd).unbind(1)  # [b, H, hd] each
+            if run and same_pos:
+                k_cache[j][cache_rows, :, positions[0]] = k
+                v_cache[j][cache_rows, :, positions[0]] = v
+            else:
+                k_cache[j][slot_t, :, pos_t] = k
+                v_cache[j][slot_t, :, pos_t] = v
+            keys = k_cache[j][cache_rows, :, :tk]  # [b, H, tk, hd]
+            values = v_cache[j][cache_rows, :, :tk]
+            if self.n_shards == 1:
+                scores = torch.matmul(keys, q.unsqueeze(-1)).squeeze(-1)  # [b, H, tk]
+                if mask is not None:
+                    scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+                att = torch.matmul(scores.softmax(dim=-1).unsqueeze(-2), values).view(b, d)
+            else:
+                m = None if mask is None else mask[:, None, None, :]
+                att = sharded_attention(q.unsqueeze(2), keys, values, mask=m, n_shards=self.n_shards).view(b, d)
+            x = torch.addmm(x, att, lay.out_wt).add_(lay.out_b)
+            h = F.layer_norm(x, (d,), *lay.ln2)
+            if lay.tables is None:
+                x = torch.addmm(x, torch.addmm(lay.up_b, h, lay.up_wt).relu_(), lay.down_wt).add_(lay.down_b)
+                continue
+            t, pr = lay.tables, lay.predictor
+            idx = torch.addmm(t.up_b, torch.mm(h, pr.p1), pr.p2).topk(lay.k, sorted=False).indices  # [b, k]
+            rows = t.up_aug.index_select(0, idx.reshape(-1)).view(b, lay.k, d + 1)
+            act = torch.bmm(rows, torch.cat([h, self._one.expand(b, 1)], dim=1).unsqueeze(-1)).view(b, lay.k).relu_()
+            x = F.embedding_bag(idx, t.down_wt, per_sample_weights=act, mode="sum").add_(x).add_(t.down_b)
         h = F.layer_norm(x, (d,), *self.ln_f)
         return torch.mm(h, self.tok_emb_t).float()

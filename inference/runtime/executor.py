@@ -3,8 +3,9 @@
 An :class:`Executor` is built once per (precision, sparse_ffn_k, kv_shards, adapters) and
 holds the variant's weights; it never decides *what* to run (that is the scheduler's
 job in :mod:`ablab.inference.engine`). KV caches live in a slot pool so a decode step
-over many sequences is one batched call; a lone sequence without an adapter decodes
-through :mod:`ablab.inference.runtime.single` (the same function in fewer kernels).
+over many sequences is one batched call; decode steps without adapters (one sequence, or a
+few in float) run through :mod:`ablab.inference.runtime.single`, the same function in fewer
+kernels.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The batch-1 decode step, written for the fewest kernel launches.
+"""Decode steps without adapters, written for the fewest kernel launches (batch 1, and a
+few sequences at once).
 
 At batch 1 on a CPU a decode step of the shipped model is bound by how many torch ops it
 launches (a few µs of dispatch each), not by FLOPs: the general path in
@@ -17,10 +18,15 @@ included, torch profiler) and no module calls:
 - the sparse FFN is one gather of up rows (bias appended), one matrix-vector product and
   one ``embedding_bag`` that sums the selected down rows in place, with its offsets and
   the bias's 1 allocated once (an ``arange`` per call cost 10 % of the step), over tables
-  that hold only the base model's live neurons, hot first; the dense FFN is two ``linear``.
+  that hold only the base model's live neurons, hot first; the dense FFN is two ``addmm``.
 
-Both the dense and the sparse configuration take it, so the sparse-vs-dense ratio compares
-FFNs, not code paths. Tests pin it to the general path (max abs diff ≤ 1e-5).
+``step_many`` is the same layer for a few sequences (continuous batching's usual decode
+step): cache views when the slots form one range, index writes and gathers otherwise, and a
+length mask only when the lengths differ. It is float-only (int8 picks its kernels by token
+count on the general path) and, for the sparse FFN, limited to ``GATHER_MAX_TOKENS``.
+
+Both the dense and the sparse configuration take these paths, so the sparse-vs-dense ratio
+compares FFNs, not code paths. Tests pin both to the general path (max abs diff ≤ 1e-5).
 """
 
 from __future__ import annotations

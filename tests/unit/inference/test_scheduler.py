@@ -39,6 +39,25 @@ def test_adaptive_waits_briefly_when_idle_at_high_load_and_joins_running_batches
     assert s.schedule(waiting_since=[0.5] * 9, running=8, now=0.6).admit == 0  # full
 
 
+def test_adaptive_short_answers_under_load_wait_for_the_batch_to_drain():
+    """1–3-token answers at high load: a newcomer waits for the running batch (a step or two)
+    and the queue is then prefilled as one group; at low load it still joins at once."""
+    busy = Scheduler(BatchingConfig("adaptive", max_batch=16, window_ms=5), step_time_s=0.005, steps_per_request=2.5)
+    for i in range(200):  # 400 requests/s
+        busy.on_arrival(i * 0.0025)
+    assert busy.target_batch() > 1
+    assert busy.schedule(waiting_since=[0.5] * 5, running=3, now=0.5).admit == 0
+    assert busy.schedule(waiting_since=[0.5] * 5, running=0, now=0.5).admit == 5  # drained: one group
+    quiet = Scheduler(BatchingConfig("adaptive", max_batch=16, window_ms=5), step_time_s=0.005, steps_per_request=2.5)
+    for t in (0.0, 1.0, 2.0):
+        quiet.on_arrival(t)
+    assert quiet.schedule(waiting_since=[2.0], running=1, now=2.0).admit == 1
+    long = Scheduler(BatchingConfig("adaptive", max_batch=16, window_ms=5), step_time_s=0.005, steps_per_request=26.0)
+    for i in range(200):
+        long.on_arrival(i * 0.0025)
+    assert long.schedule(waiting_since=[0.5] * 5, running=3, now=0.5).admit == 5  # long answers: join
+
+
 def test_step_cost_model_fits_intercept_and_slope():
     c = StepCost()
     for i in range(60):

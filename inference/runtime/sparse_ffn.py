@@ -75,8 +75,8 @@ def svd_predictor(w_up: torch.Tensor, rank: int) -> Predictor:
 class FFNTables:
     """FFN weights laid out for row gathers; int8 rows carry a per-row scale.
 
-    Row i holds neuron ``neurons[i]`` (all neurons in order when ``neurons`` is None):
-    selections index rows; LoRA factors and dense masks need :meth:`neuron_ids`."""
+    Row i holds neuron ``neurons[i]`` (all neurons in order when ``neurons`` is None): the
+    batch-1 path's tables keep only live neurons; :func:`sparse_ffn` needs all of them."""
 
     up_w: torch.Tensor  # [d_ff, d]
     up_b: torch.Tensor  # [d_ff]
@@ -109,12 +109,6 @@ class FFNTables:
         up_q, up_s = _quantize_rows(up_w)
         down_q, down_s = _quantize_rows(down_wt)
         return cls(up_q, up_b, down_q, down_b.float(), up_s, down_s, neurons=neurons)
-
-    def neuron_ids(self, idx: torch.Tensor) -> torch.Tensor:
-        """Row indices → the model's neuron ids."""
-        if self.neurons is None:
-            return idx
-        return self.neurons.index_select(0, idx.reshape(-1)).view(idx.shape)
 
     def rows(self, which: str, idx: torch.Tensor) -> torch.Tensor:
         table = self.up_w if which == "up" else self.down_wt
@@ -183,21 +177,22 @@ def sparse_ffn(
     `up`/`down` are the dense projections (with bias) the many-token path uses instead of
     the tables (the executor passes its fp32 or int8 kernels); `base`/`base_tokens` as in
     :func:`select_neurons`."""
+    if tables.neurons is not None:
+        raise ValueError("sparse_ffn: needs tables of every neuron (adapter factors and dense masks index all of d_ff)")
     b, t, d = x.shape
     idx, keep = select_neurons(x.reshape(b * t, d), predictor, tables.up_b, k, base=base, base_tokens=base_tokens)
     if lora is None and keep is None and tables.up_aug is not None and b * t <= GATHER_MAX_TOKENS:
         return gathered_ffn(x.reshape(b * t, d), tables=tables, idx=idx).view(b, t, d)
     if b * t > GATHER_MAX_TOKENS:
-        return _masked_dense(x, neurons=tables.neuron_ids(idx), keep=keep, lora=lora, up=up, down=down)
+        return _masked_dense(x, neurons=idx, keep=keep, lora=lora, up=up, down=down)
     flat = x.reshape(b * t, d)
     w_up = tables.rows("up", idx).to(flat.dtype)  # [N, k, d]
     pre = torch.matmul(w_up, flat.unsqueeze(-1)).squeeze(-1) + tables.up_b.index_select(0, idx.reshape(-1)).view(idx.shape)
     if lora is not None:
         # rows of the batch map to tokens; each token gathers its adapter's B rows for its neurons
-        ids = tables.neuron_ids(idx)  # adapter factors span all d_ff neurons
         u = lora.delta_input("up", x).reshape(b * t, -1)  # [N, r]
         b_up = lora.b["up"].repeat_interleave(t, dim=0) if lora.b["up"].shape[0] == b else lora.b["up"].expand(b * t, -1, -1)
-        b_sel = torch.gather(b_up, 1, ids.unsqueeze(-1).expand(-1, -1, b_up.shape[-1]))  # [N, k, r]
+        b_sel = torch.gather(b_up, 1, idx.unsqueeze(-1).expand(-1, -1, b_up.shape[-1]))  # [N, k, r]
         pre = pre + torch.matmul(b_sel, u.unsqueeze(-1)).squeeze(-1) * lora.scale
     h = F.relu(pre) if keep is None else F.relu(pre) * keep
     w_down = tables.rows("down", idx).to(flat.dtype)  # [N, k, d]
@@ -205,7 +200,7 @@ def sparse_ffn(
     if lora is not None:
         a_down = lora.a["down"]  # [B|1, r, d_ff]
         a_down = a_down.repeat_interleave(t, dim=0) if a_down.shape[0] == b else a_down.expand(b * t, -1, -1)
-        a_sel = torch.gather(a_down, 2, ids.unsqueeze(1).expand(-1, a_down.shape[1], -1))  # [N, r, k]
+        a_sel = torch.gather(a_down, 2, idx.unsqueeze(1).expand(-1, a_down.shape[1], -1))  # [N, r, k]
         z = torch.matmul(a_sel, h.unsqueeze(-1)).squeeze(-1)  # [N, r]
         b_down = lora.b["down"]
         b_down = b_down.repeat_interleave(t, dim=0) if b_down.shape[0] == b else b_down.expand(b * t, -1, -1)

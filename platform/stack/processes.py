@@ -1,8 +1,9 @@
 """Detached processes with pidfiles and health checks (a small supervisor, no daemon).
 
 Each service writes ``$ABLAB_HOME/run/<name>.pid`` and logs to
-``$ABLAB_HOME/logs/<name>.log``. ``up`` reuses a service that is already healthy, so a
-second ``up`` is cheap; ``down`` stops in reverse order, SIGTERM then SIGKILL.
+``$ABLAB_HOME/logs/<name>.log``. ``up`` reuses a service that already runs (waiting for its
+health check, never starting a second copy), so a second ``up`` is cheap; ``down`` stops in
+reverse order, SIGTERM then SIGKILL.
 """
 
 from __future__ import annotations
@@ -94,7 +95,10 @@ class Supervisor:
         return pid
 
     def start(self, service: Service) -> str:
-        if service.health() and (service.detaches or self.pid(service.name)):
+        if service.detaches:
+            if service.health():
+                return "reused"
+        elif (pid := self.pid(service.name)) is not None and self._await_running(service, pid):
             return "reused"
         log = open(self.log_dir / f"{service.name}.log", "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, **service.env}
@@ -119,6 +123,23 @@ class Supervisor:
                 )
             time.sleep(0.5)
         raise RuntimeError(f"{service.name} did not become healthy in {service.start_timeout_s:.0f} s:\n" + self.tail(service.name))
+
+    def _await_running(self, service: Service, pid: int) -> bool:
+        """A live process of `service` exists: wait for it to answer rather than start a second
+        copy. A copy would overwrite the pidfile and, failing on the first one's locks (chdb),
+        leave the first running with no pidfile for ``down`` to find (seen once in CI: a busy
+        API answered ``/readyz`` after the 2 s health timeout). False: it died meanwhile."""
+        deadline = time.monotonic() + service.start_timeout_s
+        while time.monotonic() < deadline:
+            if service.health():
+                return True
+            if self.pid(service.name) is None:
+                return False
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"{service.name} runs (pid {pid}) but did not answer its health check in {service.start_timeout_s:.0f} s; "
+            f"`ablab down` stops it. Last lines of its log:\n" + self.tail(service.name)
+        )
 
     def stop(self, service: Service, timeout_s: float = 20.0) -> str:
         if service.stop_argv is not None:

@@ -63,3 +63,27 @@ def test_stop_reaches_a_child_left_behind_by_its_leader(tmp_path) -> None:
     assert supervisor.stop(service, timeout_s=2) == "killed after SIGTERM timeout"
     assert not group_alive(pid)
     assert supervisor.stop(service) == "not running"
+
+
+def test_a_running_service_that_is_slow_to_answer_is_waited_for_not_started_twice(tmp_path) -> None:
+    """A second `up` while the service is busy (health fails for a while): the supervisor waits
+    for the running process instead of starting a copy that would take over its pidfile and
+    leave it running with nothing for `down` to stop."""
+    answers = iter([False, False, True, True])
+    busy_then_ok = lambda: next(answers)  # noqa: E731
+    service = Service(name="slow", argv=[sys.executable, "-c", "import time; time.sleep(300)"], health=lambda: True, start_timeout_s=10)
+    supervisor = Supervisor(tmp_path)
+    assert supervisor.start(service) == "started"
+    pid = supervisor.pid("slow")
+    again = Service(name="slow", argv=[sys.executable, "-c", "raise SystemExit('a second copy must not start')"], health=busy_then_ok, start_timeout_s=10)
+    assert supervisor.start(again) == "reused"
+    assert supervisor.pid("slow") == pid
+    hung = Service(name="slow", argv=again.argv, health=lambda: False, start_timeout_s=1)
+    try:
+        supervisor.start(hung)
+    except RuntimeError as exc:
+        assert f"runs (pid {pid})" in str(exc) and "ablab down" in str(exc)
+    else:
+        raise AssertionError("an unhealthy running service must be reported, not duplicated")
+    assert supervisor.pid("slow") == pid
+    assert supervisor.stop(service) == "stopped"

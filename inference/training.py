@@ -42,8 +42,8 @@ class TrainConfig:
     adapter_alpha: float = 16.0
     predictor_rank: int = 32
     predictor_steps: int = 200
-    # neuron calibration for the sparse FFN: training-split sequences per domain (and per
-    # adapter on its domain), and the per-token firing quantile that caps k per layer
+    # neuron calibration for the sparse FFN (base model): training-split sequences per domain,
+    # and the per-token firing quantile that caps k per layer
     calib_per_domain: int = 100
     calib_quantile: float = 0.99
     # Activation sparsity: after the base is trained, fine-tune with an L1 penalty on the FFN's
@@ -309,6 +309,11 @@ def _calibration_state(predictors: list[Predictor]) -> dict:
     }
 
 
+def _calibration_summary(predictors: list[Predictor]) -> dict:
+    """The manifest's human-readable view: live neurons and cap per layer."""
+    return {f"layer{i}": {"live": len(p.neurons), "cap": p.cap} for i, p in enumerate(predictors) if p.neurons is not None}
+
+
 def _calibration_digest(calibration: dict) -> str:
     return state_digest({**calibration["neurons"], **{f"{i}.cap": torch.tensor([c]) for i, c in calibration["caps"].items()}})
 
@@ -328,7 +333,7 @@ def recalibrate(out_dir: Path = ASSETS, cfg: TrainConfig | None = None) -> dict:
     manifest = json.loads((out_dir / "manifest.json").read_text())
     manifest["digests"]["neurons"] = _calibration_digest(calibration)
     manifest["train_config"].update(calib_per_domain=cfg.calib_per_domain, calib_quantile=cfg.calib_quantile)
-    manifest["calibration"] = {f"layer{i}": {"live": len(p.neurons), "cap": p.cap} for i, p in enumerate(predictors)}
+    manifest["calibration"] = _calibration_summary(predictors)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 
@@ -362,7 +367,7 @@ def save_all(
         digests["neurons"] = _calibration_digest(calibration)
     manifest = {"train_config": {**cfg.__dict__}, "digests": digests, "torch": torch.__version__, **report}
     if calibration["neurons"]:
-        manifest["calibration"] = {f"layer{i}": {"live": len(p.neurons), "cap": p.cap} for i, p in enumerate(predictors)}
+        manifest["calibration"] = _calibration_summary(predictors)
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
     return manifest
 

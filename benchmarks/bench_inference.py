@@ -162,9 +162,12 @@ def main(argv: list[str] | None = None) -> int:
 # this CPU a decode step of 16 costs several batch-1 steps, so batching buys ~1.5–3× the
 # batch-1 rate for either workload (a probe at 6× the serving rate overloaded every policy):
 # the same factors for both, set before the measured runs, not tuned per policy.
+# 4× (session 7): on a quiet box the task workload's fixed batches still served every
+# arrival at 2× and ~90 % at 3×; goodput cannot exceed the arrival rate, so a policy can only
+# beat the best fixed batch by 1.3× where that batch falls short of the arrivals.
 LOAD_FACTORS = {
-    "task": (("low", 0.3), ("high", 1.0), ("high", 2.0), ("high", 3.0)),
-    "serving": (("low", 0.3), ("high", 1.0), ("high", 2.0), ("high", 3.0)),
+    "task": (("low", 0.3), ("high", 1.0), ("high", 2.0), ("high", 3.0), ("high", 4.0)),
+    "serving": (("low", 0.3), ("high", 1.0), ("high", 2.0), ("high", 3.0), ("high", 4.0)),
 }
 
 
@@ -209,10 +212,11 @@ def batching_section(b, bundle, *, device: str, quick: bool, reps: int, duration
         rate = factor / service_s
         policies = ([BatchingConfig("none", 1, 0)] if load == "low" else []) + fixed + [fcfs, adaptive, shedding]
         la0 = os.getloadavg()[0]
-        rows = b.load_sweep(
+        runs = b.sweep_runs(
             bundle, device=device, policies=policies, rate=rate, duration_s=2.0 if quick else duration_s,
-            reps=1 if quick else (reps + 1 if load == "low" else reps), slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot, workload=workload,
+            reps=1 if quick else (reps + 1 if load == "low" else reps), workload=workload,
         )
+        rows = [b.summarize(name, rate, rs, slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot) for name, rs in runs.items()]
         la1 = os.getloadavg()[0]
         for r in rows:
             print(
@@ -227,16 +231,28 @@ def batching_section(b, bundle, *, device: str, quick: bool, reps: int, duration
         shed = next(r for r in rows if r.policy == "adaptive + shedding")
         shed_ratio = shed.goodput / max(best.goodput, 1e-9)
         p95_ratio = ad.e2e_p95 / best_p95.e2e_p95
+        # the same two ratios with the best chosen on other runs than it is compared on
+        # (b.crossfit_ratio): choosing after the fact on the same runs favours the baseline
+        fixed_names = [r.policy for r in rows if r.policy.startswith("fixed")]
+        other_names = [r.policy for r in others]
+        fit = {}
+        if len(runs["adaptive"]) >= 2:
+            kw = {"slo_ttft_ms": slo_ttft, "slo_tpot_ms": slo_tpot}
+            fit["goodput_ratio"], fit["goodput_best"] = b.crossfit_ratio(runs, candidate="adaptive", pool=fixed_names, metric="goodput", **kw)
+            fit["shedding_goodput_ratio"], _ = b.crossfit_ratio(runs, candidate="adaptive + shedding", pool=fixed_names, metric="goodput", **kw)
+            fit["e2e_p95_ratio"], fit["e2e_p95_best"] = b.crossfit_ratio(runs, candidate="adaptive", pool=other_names, metric="e2e_p95", **kw)
         out["loads"].append({
             "load": load, "factor": factor, "rate": rate, "loadavg_1m": [la0, la1], "goodput_ratio": ratio, "best_fixed": best.policy,
             "shedding_goodput_ratio": shed_ratio,
-            "e2e_p95_ratio": p95_ratio, "best_p95_policy": best_p95.policy, "rows": [asdict(r) for r in rows],
+            "e2e_p95_ratio": p95_ratio, "best_p95_policy": best_p95.policy, "crossfit": fit, "rows": [asdict(r) for r in rows],
         })
         summary.append(
             f"- [{workload}] {load} load ({factor:.2g}× the batch-1 service rate, {rate:.0f}/s; load avg {la0:.1f}→{la1:.1f}): adaptive goodput "
             f"{ad.goodput:.1f}/s vs best fixed ({best.policy}) {best.goodput:.1f}/s = **{ratio:.2f}×**; e2e p95 adaptive "
             f"{ad.e2e_p95:.1f} ms vs best other ({best_p95.policy}) {best_p95.e2e_p95:.1f} ms = **{p95_ratio:.2f}×**; "
             f"with shedding {shed.goodput:.1f}/s = **{shed_ratio:.2f}×** ({shed.n - shed.done} of {shed.n} refused or unfinished)"
+            + (f"; cross-fitted (best chosen on the other runs): goodput **{fit['goodput_ratio']:.2f}×**, with shedding "
+               f"**{fit['shedding_goodput_ratio']:.2f}×**, e2e p95 **{fit['e2e_p95_ratio']:.2f}×**" if fit else "")
         )
     print()
     print("\n".join(summary) + "\n")

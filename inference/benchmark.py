@@ -266,9 +266,10 @@ def load_test(bundle: Bundle, *, device: str, batching: BatchingConfig, rate: fl
     return summarize(policy_name(batching), rate, [run], slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
 
 
-def load_sweep(bundle: Bundle, *, device: str, policies: list[BatchingConfig], rate: float, duration_s: float, reps: int, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5, workload: str = "task") -> list[LoadResult]:
+def sweep_runs(bundle: Bundle, *, device: str, policies: list[BatchingConfig], rate: float, duration_s: float, reps: int, seed: int = 5, workload: str = "task") -> dict[str, list[LoadRun]]:
     """Every policy on the same `reps` Poisson traces, interleaved (rep by rep, policies in
-    rotating order), so drift in a shared machine's load hits every policy alike."""
+    rotating order), so drift in a shared machine's load hits every policy alike. Keyed by
+    policy name; run i of every policy served trace i."""
     runs: dict[int, list[LoadRun]] = {i: [] for i in range(len(policies))}
     for rep in range(reps):
         trace = poisson_trace(bundle, rate=rate, duration_s=duration_s, seed=seed + rep, workload=workload)
@@ -276,7 +277,42 @@ def load_sweep(bundle: Bundle, *, device: str, policies: list[BatchingConfig], r
         order = order[rep % len(order):] + order[: rep % len(order)]
         for i in order:
             runs[i].append(run_trace(bundle, device=device, batching=policies[i], trace=trace, duration_s=duration_s))
-    return [summarize(policy_name(p), rate, runs[i], slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms) for i, p in enumerate(policies)]
+    return {policy_name(p): runs[i] for i, p in enumerate(policies)}
+
+
+def load_sweep(bundle: Bundle, *, device: str, policies: list[BatchingConfig], rate: float, duration_s: float, reps: int, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5, workload: str = "task") -> list[LoadResult]:
+    runs = sweep_runs(bundle, device=device, policies=policies, rate=rate, duration_s=duration_s, reps=reps, seed=seed, workload=workload)
+    return [summarize(name, rate, rs, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms) for name, rs in runs.items()]
+
+
+def crossfit_ratio(runs: dict[str, list[LoadRun]], *, candidate: str, pool: list[str], metric: str, slo_ttft_ms: float, slo_tpot_ms: float) -> tuple[float, list[str]]:
+    """`candidate`'s `metric` ("goodput" or "e2e_p95") over the pool's best policy, with the
+    best chosen on other runs than those it is compared on.
+
+    Picking the best of several noisy policies and comparing on the same runs flatters the
+    pick (winner's curse): of seven equal policies, the lowest p95 is an outlier low draw,
+    so an equal candidate looks worse. Here runs are split into two folds (even and odd
+    reps, the traces every policy shares); the best is chosen on one fold and the ratio taken
+    on the other, both ways, and the two ratios are combined by their geometric mean.
+    Returns (ratio, the policy chosen on each fold)."""
+    if metric not in ("goodput", "e2e_p95"):
+        raise ValueError(f"metric: {metric!r} is not 'goodput' or 'e2e_p95'")
+    reps = len(runs[candidate])
+    if reps < 2:
+        raise ValueError(f"crossfit needs at least 2 runs per policy, got {reps}")
+    folds = [list(range(0, reps, 2)), list(range(1, reps, 2))]
+
+    def value(name: str, fold: list[int]) -> float:
+        row = summarize(name, 0.0, [runs[name][i] for i in fold], slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms)
+        return getattr(row, metric)
+
+    pick = max if metric == "goodput" else min
+    ratios, chosen = [], []
+    for choose, compare in (folds, folds[::-1]):
+        best = pick(pool, key=lambda name: value(name, choose))
+        chosen.append(best)
+        ratios.append(value(candidate, compare) / max(value(best, compare), 1e-9))
+    return (ratios[0] * ratios[1]) ** 0.5, chosen
 
 
 def service_time(bundle: Bundle, *, device: str, n: int = 60, seed: int = 5, workload: str = "task") -> dict[str, float]:

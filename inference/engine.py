@@ -128,7 +128,10 @@ class Engine:
             decision = self.scheduler.schedule(
                 waiting_since=[r.submitted for r in self.waiting], running=len(self.running) + len(self.prefilling), now=now
             )
-            admitted = [self.waiting.popleft() for _ in range(decision.admit)]
+            if decision.admit and not self.running and not self.prefilling and self.scheduler.config.shed_late:
+                admitted = self._feasible_group(decision.admit, now)
+            else:
+                admitted = [self.waiting.popleft() for _ in range(decision.admit)]
             if not admitted and not self.running and not self.prefilling:
                 if block and not self._stop:
                     timeout = None if decision.wake_at is None else max(0.0, decision.wake_at - now)
@@ -170,6 +173,20 @@ class Engine:
         gone = {id(r) for r in late}
         self.waiting = deque(r for r in self.waiting if id(r) not in gone)
         self.prefilling = [r for r in self.prefilling if id(r) not in gone]
+
+    def _feasible_group(self, room: int, now: float) -> list[GenRequest]:
+        """With load shedding, the group prefilled in one step while nothing runs, chosen from
+        the whole queue (`Scheduler.group_admission`); refuses those that would miss the TTFT
+        SLO even alone. Caller holds the lock."""
+        queue = list(self.waiting)
+        keep, refuse = self.scheduler.group_admission([r.submitted for r in queue], [len(r.prompt_ids) for r in queue], now, room=room)
+        slo = self.scheduler.config.ttft_slo_ms
+        for i in refuse:
+            req = queue[i]
+            self._finish(req, error=f"overloaded: queued {(now - req.submitted) * 1000:.0f} ms, too late for the {slo:g} ms TTFT SLO; retry later or on another worker", shed=True)
+        gone = set(keep) | set(refuse)
+        self.waiting = deque(r for i, r in enumerate(queue) if i not in gone)
+        return [queue[i] for i in keep]
 
     def _finish(self, req: GenRequest, *, error: str | None = None, shed: bool = False) -> None:
         req.finished_at = time.perf_counter()

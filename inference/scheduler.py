@@ -191,6 +191,43 @@ class Scheduler:
         limit = self._ttft_wait_limit_s()
         return [i for i, t in enumerate(waiting_since) if now - t >= limit]
 
+    def group_admission(self, waiting_since: list[float], prompt_tokens: list[int], now: float, *, room: int) -> tuple[list[int], list[int]]:
+        """With ``shed_late``, the group to prefill together in one step while nothing runs
+        (whole prompts, one forward), from the whole queue (arrival order): (indices to
+        prefill now, indices to refuse), each ascending.
+
+        That step ends every member's TTFT, so it is predicted from the step cost model: a
+        request meets the SLO iff it has waited less than the SLO minus the step's time. The
+        queue-only limit (`to_shed`) assumes a minimum chunk, while a group of 16 prompts
+        takes several times that: under overload the requests admitted near the limit all
+        missed. So a request that would miss even alone is refused, and the group is filled
+        freshest first, up to `room`, with those it still leaves on time: the freshest have
+        the most slack, so the group (one efficient forward) can be largest. Below capacity
+        the whole queue fits and order does not matter; under overload the oldest, which
+        would soon be refused anyway, wait (and are refused when they can no longer make it)."""
+        cfg = self.config
+        n = len(waiting_since)
+        if cfg.policy != "adaptive" or cfg.ttft_slo_ms is None or not cfg.shed_late:
+            return list(range(min(n, room))), []
+        slo = cfg.ttft_slo_ms / 1000.0
+        keep: list[int] = []
+        refuse: list[int] = []
+        tokens = 0
+        oldest: float | None = None
+        for i in reversed(range(n)):
+            since, p = waiting_since[i], prompt_tokens[i]
+            if now - since + self.cost.seconds(p) > slo:
+                refuse.append(i)
+                continue
+            if len(keep) >= room:
+                continue
+            first = since if oldest is None else min(oldest, since)
+            if now - first + self.cost.seconds(tokens + p) <= slo:
+                keep.append(i)
+                tokens += p
+                oldest = first
+        return sorted(keep), sorted(refuse)
+
     def _ttft_wait_limit_s(self) -> float:
         """The longest a request may wait and still get its first token within the TTFT SLO."""
         return self.config.ttft_slo_ms / 1000.0 - self.cost.seconds(MIN_CHUNK)

@@ -481,3 +481,27 @@ def test_calibration_restricts_tokens_without_an_adapter_only(calibrated_bundle,
         assert a.tokens == b.tokens
         assert max(abs(x - y) for x, y in zip(a.logprobs, b.logprobs)) <= 1e-5
     assert (_decode_logits(tiny_bundle, RuntimeConfig(sparse_ffn_k=64), PROMPTS[0]) - _decode_logits(calibrated_bundle, RuntimeConfig(sparse_ffn_k=64), PROMPTS[0])).abs().max().item() > 1e-4
+
+
+def test_engine_group_prefill_leaves_waiting_a_request_the_group_would_make_late(tiny_bundle):
+    """Shedding, nothing running: the group is filled freshest first with requests it keeps on
+    time; an old request that would make it alone but not in the group waits at the head."""
+    from ablab.inference.engine import GenRequest
+
+    ex = Executor(tiny_bundle.model, runtime=RuntimeConfig(), predictors=tiny_bundle.predictors)
+    cfg = BatchingConfig("adaptive", max_batch=8, window_ms=0, tpot_slo_ms=1000.0, ttft_slo_ms=1000.0, shed_late=True)
+    eng = Engine(ex, batching=cfg, eos_id=tiny_bundle.tokenizer.eos_id, slots=8)
+    ids = [tiny_bundle.tokenizer.encode(p) for p in PROMPTS]
+    assert min(map(len, ids)) >= 5  # each extra prompt adds ≥ 1 ms to the predicted group step
+    old = eng.submit(GenRequest(prompt_ids=ids[0], max_new_tokens=3))
+    fresh = [eng.submit(GenRequest(prompt_ids=i, max_new_tokens=3)) for i in ids[1:]]
+    alone_s = eng.scheduler.cost.seconds(len(ids[0]))
+    old.submitted -= 1.0 - alone_s - 0.002  # on time alone by ~2 ms (less the test's own time)
+    eng.step(block=False)
+    assert list(eng.waiting) == [old] and not old.done.is_set()
+    assert {id(r) for r in eng.running + eng.prefilling} == {id(r) for r in fresh}
+    while not all(r.done.is_set() for r in [old, *fresh]):
+        eng.step(block=False)
+    assert all(r.tokens and not r.error for r in fresh)
+    assert old.tokens or "overloaded" in old.error  # joined the running batch in time, or refused
+    assert len(eng.pool.free) == 8

@@ -137,3 +137,24 @@ def test_load_shedding_refuses_only_requests_past_the_ttft_slo():
     # off unless asked, and meaningless without a TTFT SLO
     assert _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0, ttft_slo_ms=50.0).to_shed([0.0], now=1.0) == []
     assert _fitted(0.002, 0.0002, max_batch=16, tpot_slo_ms=20.0, shed_late=True).to_shed([0.0], now=1.0) == []
+
+
+def test_group_prefill_under_shedding_is_filled_freshest_first_and_refuses_only_the_hopeless():
+    # step cost 2 ms + 0.5 ms per token; TTFT SLO 20 ms; 10-token prompts: 7 ms alone, 12 ms for two
+    s = _fitted(0.002, 0.0005, max_batch=16, tpot_slo_ms=20.0, ttft_slo_ms=20.0, shed_late=True)
+    now = 0.1
+    waited_ms = [15.0, 9.0, 6.0, 4.0, 1.0]  # arrival order
+    since = [now - w / 1000 for w in waited_ms]
+    keep, refuse = s.group_admission(since, [10] * 5, now, room=16)
+    # 15 ms + 7 ms alone misses: refused. Freshest first: 1 ms (7 ms step), 4 ms (12), 6 ms (17):
+    # 6 + 17 = 23 > 20, so not with those two; 9 ms: also too late for a group of three
+    assert refuse == [0]
+    assert keep == [3, 4]
+    # room caps the group; the order of a group is always arrival order
+    assert s.group_admission(since, [10] * 5, now, room=1) == ([4], [0])
+    # a queue that fits whole is taken whole (below capacity nothing changes)
+    calm = [now - w / 1000 for w in (3.0, 2.0, 1.0)]
+    assert s.group_admission(calm, [4, 4, 4], now, room=16) == ([0, 1, 2], [])
+    # without shedding it is plain FCFS up to room
+    fcfs = _fitted(0.002, 0.0005, max_batch=16, tpot_slo_ms=20.0, ttft_slo_ms=20.0)
+    assert fcfs.group_admission(since, [10] * 5, now, room=2) == ([0, 1], [])

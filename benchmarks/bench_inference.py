@@ -61,12 +61,18 @@ def main(argv: list[str] | None = None) -> int:
     print("load average at start (1/5/15 min): " + " / ".join(f"{x:.2f}" for x in os.getloadavg()) + "\n")
     t_all = time.perf_counter()
 
+    def save() -> None:  # after every section: a run cut short by a time limit keeps what it measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1, default=str)
+
     if "strategies" in sections:
         stats = b.strategy_table(bundle, device=device, n_per_row=10 if q else 60, chunk=5 if q else 6)
         print("## Strategies (batch 1, same held-out requests, all domains)\n")
         print(b.format_strategy_table(stats) + "\n")
         result["strategies"] = {k: {"n": v.n, "correct": v.correct, "error": v.error, "ttft_p50": b._pct(v.ttft, .5), "tpot_p50": b._pct(v.tpot, .5), "e2e_p50": b._pct(v.e2e, .5), "e2e_p95": b._pct(v.e2e, .95)} for k, v in stats.items()}
 
+    save()
     if "decode" in sections:
         ks = (d_ff // 8, d_ff // 16, d_ff // 24, d_ff // 32)
         rounds = 3 if q else 60
@@ -108,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {dom} | {accs['dense']:.1%} | " + " | ".join(f"{accs[f'k={k}']:.1%}" for k in ks) + " |")
         print()
 
+    save()
     if "precision" in sections:
         print("## INT8 vs fp32 per projection (layer 0; median µs per call by tokens per call)\n")
         if device == "cpu":
@@ -131,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {name} | " + " | ".join(f"{row[c]:.0f} ({r['fp32'][c] / row[c]:.2f}×)" for c in cols) + " |")
         print()
 
+    save()
     if "batching" in sections:
         workloads = ("serving", "task") if args.workload == "both" else (args.workload,)
         for wl in workloads:
             key = "batching" if wl == "task" else f"batching_{wl}"  # the task workload keeps its old key
             result[key] = batching_section(b, bundle, device=device, quick=q, reps=args.reps, duration_s=args.duration, slo=args.slo, rates=args.rates, workload=wl)
 
+    save()
     if "lora" in sections:
         t = b.lora_table(bundle, device=device, n=40 if q else 200)
         result["lora"] = t
@@ -151,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     result["loadavg_end"] = os.getloadavg()
     print("load average at end (1/5/15 min): " + " / ".join(f"{x:.2f}" for x in os.getloadavg()))
     print(f"_total {result['wall_s']:.0f} s_")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1, default=str)
+    save()
     return 0
 
 
@@ -214,7 +221,8 @@ def batching_section(b, bundle, *, device: str, quick: bool, reps: int, duration
         la0 = os.getloadavg()[0]
         runs = b.sweep_runs(
             bundle, device=device, policies=policies, rate=rate, duration_s=2.0 if quick else duration_s,
-            reps=1 if quick else (reps + 1 if load == "low" else reps), workload=workload,
+            # low load: more runs, since a p95 of a few hundred requests moves ±10 % run to run
+            reps=1 if quick else (2 * reps + 2 if load == "low" else reps), workload=workload,
         )
         rows = [b.summarize(name, rate, rs, slo_ttft_ms=slo_ttft, slo_tpot_ms=slo_tpot) for name, rs in runs.items()]
         la1 = os.getloadavg()[0]

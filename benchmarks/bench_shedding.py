@@ -37,12 +37,12 @@ def outcome(run: b.LoadRun, slo_ttft_ms: float, slo_tpot_ms: float) -> dict[str,
     for ttft, tpot, e2e in run.requests:
         if e2e == INF:
             counts["refused/unfinished"] += 1
+        elif b.meets_slo(ttft, tpot, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms):
+            counts["good"] += 1
         elif ttft > slo_ttft_ms:
             counts["late TTFT"] += 1
-        elif tpot is not None and tpot > slo_tpot_ms:
-            counts["late TPOT only"] += 1
         else:
-            counts["good"] += 1
+            counts["late TPOT only"] += 1
     return counts
 
 

@@ -228,12 +228,18 @@ def run_trace(bundle: Bundle, *, device: str, batching: BatchingConfig, trace: l
     return LoadRun(duration_s, out)
 
 
+def meets_slo(ttft_ms: float, tpot_ms: float | None, *, slo_ttft_ms: float, slo_tpot_ms: float) -> bool:
+    """A request counts towards goodput: TTFT within its SLO, and TPOT too when it has one
+    (a one-token answer has none)."""
+    return ttft_ms <= slo_ttft_ms and (tpot_ms is None or tpot_ms <= slo_tpot_ms)
+
+
 def summarize(name: str, rate: float, runs: list[LoadRun], *, slo_ttft_ms: float, slo_tpot_ms: float) -> LoadResult:
     """Goodput = requests meeting both SLOs per second of arrivals (median over runs)."""
     reqs = [r for run in runs for r in run.requests]
 
     def good(rs) -> int:
-        return sum(1 for ttft, tpot, _ in rs if ttft <= slo_ttft_ms and (tpot is None or tpot <= slo_tpot_ms))
+        return sum(1 for ttft, tpot, _ in rs if meets_slo(ttft, tpot, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms))
 
     # the median run's goodput: one run hit by a multi-second stall of a shared machine
     # (seen: a 2 s step) does not decide the row; latencies are pooled over all runs
@@ -278,11 +284,6 @@ def sweep_runs(bundle: Bundle, *, device: str, policies: list[BatchingConfig], r
         for i in order:
             runs[i].append(run_trace(bundle, device=device, batching=policies[i], trace=trace, duration_s=duration_s))
     return {policy_name(p): runs[i] for i, p in enumerate(policies)}
-
-
-def load_sweep(bundle: Bundle, *, device: str, policies: list[BatchingConfig], rate: float, duration_s: float, reps: int, slo_ttft_ms: float, slo_tpot_ms: float, seed: int = 5, workload: str = "task") -> list[LoadResult]:
-    runs = sweep_runs(bundle, device=device, policies=policies, rate=rate, duration_s=duration_s, reps=reps, seed=seed, workload=workload)
-    return [summarize(name, rate, rs, slo_ttft_ms=slo_ttft_ms, slo_tpot_ms=slo_tpot_ms) for name, rs in runs.items()]
 
 
 def crossfit_ratio(runs: dict[str, list[LoadRun]], *, candidate: str, pool: list[str], metric: str, slo_ttft_ms: float, slo_tpot_ms: float) -> tuple[float, list[str]]:

@@ -167,9 +167,8 @@ class Engine:
         late = [candidates[i] for i in self.scheduler.to_shed([r.submitted for r in candidates], now)]
         if not late:
             return
-        slo = self.scheduler.config.ttft_slo_ms
         for req in late:
-            self._finish(req, error=f"overloaded: queued {(now - req.submitted) * 1000:.0f} ms, past the {slo:g} ms TTFT SLO; retry later or on another worker", shed=True)
+            self._refuse(req, now)
         gone = {id(r) for r in late}
         self.waiting = deque(r for r in self.waiting if id(r) not in gone)
         self.prefilling = [r for r in self.prefilling if id(r) not in gone]
@@ -180,13 +179,16 @@ class Engine:
         SLO even alone. Caller holds the lock."""
         queue = list(self.waiting)
         keep, refuse = self.scheduler.group_admission([r.submitted for r in queue], [len(r.prompt_ids) for r in queue], now, room=room)
-        slo = self.scheduler.config.ttft_slo_ms
         for i in refuse:
-            req = queue[i]
-            self._finish(req, error=f"overloaded: queued {(now - req.submitted) * 1000:.0f} ms, too late for the {slo:g} ms TTFT SLO; retry later or on another worker", shed=True)
+            self._refuse(queue[i], now)
         gone = set(keep) | set(refuse)
         self.waiting = deque(r for i, r in enumerate(queue) if i not in gone)
         return [queue[i] for i in keep]
+
+    def _refuse(self, req: GenRequest, now: float) -> None:
+        """Load shedding: the request can no longer meet the TTFT SLO; it ends with no tokens."""
+        slo = self.scheduler.config.ttft_slo_ms
+        self._finish(req, error=f"overloaded: queued {(now - req.submitted) * 1000:.0f} ms, too late for the {slo:g} ms TTFT SLO; retry later or on another worker", shed=True)
 
     def _finish(self, req: GenRequest, *, error: str | None = None, shed: bool = False) -> None:
         req.finished_at = time.perf_counter()

@@ -139,7 +139,7 @@ def create_app(worker: Worker):
     app = FastAPI(title="ablab inference worker")
     telemetry.instrument(app, service="ablab-worker")  # no-op unless ABLAB_TRACING is on
 
-    @app.post("/v1/infer", response_model=InferResponse, responses={503: {"model": InferResponse, "description": "Shed: queued past the strategy's TTFT SLO; retry after Retry-After seconds"}})
+    @app.post("/v1/infer", response_model=InferResponse, responses={503: {"model": InferResponse, "description": "Shed: queued too long to meet the strategy's TTFT SLO; retry after Retry-After seconds"}})
     def infer(body: InferRequest) -> InferResponse:  # sync: FastAPI's threadpool gives concurrency
         if telemetry.enabled():  # the span's trace id is the event trace_id
             body = body if body.trace_id else body.model_copy(update={"trace_id": ev.new_trace_id()})

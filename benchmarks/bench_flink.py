@@ -19,12 +19,9 @@ that survives other people's load. ``uptime`` load average is printed beside eac
 Variants (``job`` is exactly what production runs; the others each take one thing away or
 change one setting, to see what it costs):
 
-- before          the SQL and configuration before the 2026-12-03 fixes (flink_before_transform.sql,
-                  mini-batch on): window GROUP BY event_id de-dup, duplicated sub-plans
 - job             the production SQL and configuration
 - no-late         without the per-partition late rule (no OVER aggregate); watermark rule only
 - no-percentile   MAX instead of PERCENTILE in the window aggregates
-- no-rum          without the RUM interval join and its window aggregate
 - no-dedup        without the event_id de-duplication (ROW_NUMBER replaced by 1)
 - source-only     read + parse JSON + validity filter into a blackhole sink
 - plain-tumble    one 10 s TUMBLE COUNT/SUM per (experiment, variant), nothing else
@@ -35,9 +32,12 @@ change one setting, to see what it costs):
 - ckpt-30s        the job with 30 s checkpoints instead of 5 s
 - ttl-60s         the job remembering event_ids for 60 s instead of 600 s (a semantic change)
 - parallel-gc     the job's JVM with -XX:+UseParallelGC instead of G1
-- bucket-join     the RUM join keyed by a hash bucket of trace_id, trace equality as a residual condition
-- bucket-join-mc  the same with table.exec.interval-join.min-cleanup-interval = 1 s
 - p2              the job at parallelism 2
+
+Join names with ``+`` to combine variants (``no-dedup+no-late+p2``). The variants of
+earlier sessions that measured the RUM interval join (no-rum, bucket-join) and the SQL before
+the 2026-12-03 fixes (before) went with the join on 2026-12-04; their figures are in
+docs/benchmarks/pipeline.md and the code in git history.
 """
 
 from __future__ import annotations
@@ -106,20 +106,9 @@ def prefill(bootstrap: str, topic: str, events: int, producers: int, rate: int) 
 
 # --- variants -----------------------------------------------------------------------------
 
-BEFORE_SQL = Path(__file__).with_name("flink_before_transform.sql")
 _PERCENTILE = re.compile(r"PERCENTILE\((\w+), ARRAY\[0\.5, 0\.95, 0\.99\]\)")
 _OVER = re.compile(r"MAX\(ts\) OVER \(PARTITION BY kafka_partition ORDER BY arrival\s+ROWS BETWEEN UNBOUNDED "
                    r"PRECEDING AND CURRENT ROW\)")
-
-
-def _before(statements: list[str], config) -> list[str]:
-    """The transformation as it was before this benchmark's fixes (2026-12-02)."""
-    from ablab.streaming.flink import job
-
-    transform = job.split_statements(job.render(BEFORE_SQL.read_text(), config.sql_parameters()))
-    names = job.statements(config, parts=("transform",))
-    return [s for s in statements if s not in names and not s.upper().startswith("INSERT")] + transform + [
-        s for s in statements if s.upper().startswith("INSERT")]
 
 
 def _no_late(statements: list[str], config) -> list[str]:
@@ -130,10 +119,6 @@ def _no_late(statements: list[str], config) -> list[str]:
 
 def _no_percentile(statements: list[str], config) -> list[str]:
     return [_PERCENTILE.sub(r"ARRAY[MAX(\1), MAX(\1), MAX(\1)]", s) for s in statements]
-
-
-def _no_rum(statements: list[str], config) -> list[str]:
-    return [s for s in statements if not s.startswith("INSERT INTO rum_window_sink")]
 
 
 def _source_only(statements: list[str], config) -> list[str]:
@@ -155,8 +140,8 @@ def _plain_tumble(statements: list[str], config) -> list[str]:
     return kept
 
 
-_BEFORE_CONF = {"table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "500 ms",
-                "table.exec.mini-batch.size": "5000"}
+_MINIBATCH = {"table.exec.mini-batch.enabled": "true", "table.exec.mini-batch.allow-latency": "500 ms",
+              "table.exec.mini-batch.size": "5000"}
 _ROCKSDB = {"state.backend.type": "rocksdb", "execution.checkpointing.incremental": "true"}
 # Generic incremental checkpoints for the heap backend (FLIP-158): each state change is
 # logged once; the full heap copy is only made at materialization (default every 10 min).
@@ -165,46 +150,45 @@ _CHANGELOG = {"state.changelog.enabled": "true", "state.changelog.storage": "fil
 _DEDUP_ROW_NUMBER = "ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival)"
 
 
-_RUM_JOIN_CONDITION = "WHERE r.trace_id = i.trace_id"
-# The RUM join keyed by a hash bucket of trace_id (one state key and cleanup timer per
-# bucket, not per request) with trace equality as a residual condition that the planner
-# does not turn into the key (a >= b AND a <= b); tried 2026-12-03, not a measured gain.
-_BUCKETED_CONDITION = ("WHERE MOD(HASH_CODE(r.trace_id), 4096) = MOD(HASH_CODE(i.trace_id), 4096) "
-                       "AND r.trace_id >= i.trace_id AND r.trace_id <= i.trace_id")
-_BUCKET_CLEANUP = {"table.exec.interval-join.min-cleanup-interval": "1 s"}
-
-
-def _bucket_join(statements: list[str], config) -> list[str]:
-    out = [s.replace(_RUM_JOIN_CONDITION, _BUCKETED_CONDITION) for s in statements]
-    assert out != statements, "the job's RUM join condition was not found"
-    return out
-
-
 def _no_dedup(statements: list[str], config) -> list[str]:
     return [s.replace(_DEDUP_ROW_NUMBER, "1") for s in statements]
 
 
 VARIANTS: dict[str, tuple] = {
     # name: (statement transform or None, extra Flink configuration, parallelism, extra JVM flags)
-    "before": (_before, _BEFORE_CONF, 1, ""),
     "job": (None, {}, 1, ""),
     "no-late": (_no_late, {}, 1, ""),
     "no-percentile": (_no_percentile, {}, 1, ""),
-    "no-rum": (_no_rum, {}, 1, ""),
     "no-dedup": (_no_dedup, {}, 1, ""),
     "source-only": (_source_only, {}, 1, ""),
     "plain-tumble": (_plain_tumble, {}, 1, ""),
     "rocksdb": (None, _ROCKSDB, 1, ""),
     "changelog": (None, _CHANGELOG, 1, ""),
-    "minibatch": (None, _BEFORE_CONF, 1, ""),
+    "minibatch": (None, _MINIBATCH, 1, ""),
     "ckpt-30s": (None, {"execution.checkpointing.interval": "30 s"}, 1, ""),
     "ttl-60s": (None, {"table.exec.state.ttl": "60 s"}, 1, ""),
     "parallel-gc": (None, {}, 1, "-XX:+UseParallelGC"),
-    "bucket-join": (_bucket_join, {}, 1, ""),
-    "bucket-join-mc": (_bucket_join, _BUCKET_CLEANUP, 1, ""),
     "no-object-reuse": (None, {"pipeline.object-reuse": "false"}, 1, ""),
     "p2": (None, {}, 2, ""),
 }
+
+
+def variant_spec(name: str) -> tuple:
+    """A variant, or several joined by ``+`` (``no-dedup+no-late+p2``): transforms applied in
+    order, configurations merged, the largest parallelism, JVM flags joined."""
+    parts = [VARIANTS[part] for part in name.split("+")]
+    transforms = [part[0] for part in parts if part[0] is not None]
+
+    def transform(statements: list[str], config) -> list[str]:
+        for step in transforms:
+            statements = step(statements, config)
+        return statements
+
+    extra: dict[str, str] = {}
+    for part in parts:
+        extra.update(part[1])
+    return (transform if transforms else None, extra, max(part[2] for part in parts),
+            " ".join(part[3] for part in parts if part[3]))
 
 
 def _children() -> list[tuple[int, float]]:
@@ -231,7 +215,7 @@ def child(args: argparse.Namespace) -> None:
     from ablab.streaming.flink import job
     from ablab.streaming.flink.harness import PipelineTopics, job_config
 
-    transform, extra, parallelism, _ = VARIANTS[args.child]
+    transform, extra, parallelism, _ = variant_spec(args.child)
     topics = PipelineTopics(args.prefix)
     config = job_config(topics, bootstrap=args.bootstrap, checkpoint_dir=Path(args.checkpoint_dir), bounded=True,
                         checkpoint_interval_s=5.0, parallelism=parallelism, restore=False,
@@ -265,7 +249,7 @@ def child(args: argparse.Namespace) -> None:
 
 def run_variant(variant: str, prefix: str, bootstrap: str, workdir: Path, heap: str, *, jfr: bool = False) -> dict:
     log = workdir / f"{variant}-{prefix}.log"
-    env = dict(os.environ, JVM_ARGS=f"{heap} {VARIANTS[variant][3]}".strip(), FLINK_LOG_DIR=str(log.with_suffix(".jvm")))
+    env = dict(os.environ, JVM_ARGS=f"{heap} {variant_spec(variant)[3]}".strip(), FLINK_LOG_DIR=str(log.with_suffix(".jvm")))
     if jfr:  # a JDK Flight Recorder profile of the job's JVM, for `jfr print`
         env["JVM_ARGS"] += " -XX:StartFlightRecording=settings=profile"
         env["BENCH_JFR"] = str(workdir / f"{variant}.jfr")
@@ -297,7 +281,7 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--bootstrap", default=None)
     parser.add_argument("--rate", type=int, default=20_000, help="event-time events per second in the data")
-    parser.add_argument("--variants", default="job", help=f"comma-separated, of: {', '.join(VARIANTS)}")
+    parser.add_argument("--variants", default="job", help=f"comma-separated, of: {', '.join(VARIANTS)}; join with + to combine")
     parser.add_argument("--heap", default=os.environ.get("JVM_ARGS", "-Xmx1g"), help="JVM_ARGS of the job")
     parser.add_argument("--jfr", action="store_true", help="record a JFR profile of each full run (in the work dir)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -308,7 +292,7 @@ def main() -> None:
         child(args)
         return
     variants = args.variants.split(",")
-    unknown = [v for v in variants if v not in VARIANTS]
+    unknown = [part for v in variants for part in v.split("+") if part not in VARIANTS]
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
 
@@ -334,7 +318,7 @@ def main() -> None:
               f"{args.producers} confluent-kafka processes); load {os.getloadavg()[0]:.2f}", flush=True)
         print(f"machine: {os.cpu_count()} cores; JVM_ARGS={args.heap}; event time {args.rate:,} events/s "
               f"({args.rate * 10:,} per 10 s window); checkpoints every 5 s", flush=True)
-        print(f"{'variant':<14}{'empty s':>9}{'full s':>9}{'events/s':>11}{'JVM cpu s':>11}{'ev/cpu-s':>10}"
+        print(f"{'variant':<30}{'empty s':>9}{'full s':>9}{'events/s':>11}{'JVM cpu s':>11}{'ev/cpu-s':>10}"
               f"{'load 1m':>9}", flush=True)
         for variant in variants:
             # Each variant gets its own consumer group / transactional ids (unique prefix per run).
@@ -343,12 +327,12 @@ def main() -> None:
                 loaded = os.getloadavg()[0]
                 run = run_variant(variant, full.prefix, bootstrap, workdir, args.heap, jfr=args.jfr)
             except RuntimeError as error:  # one broken variant does not end the comparison
-                print(f"{variant:<14}failed: {str(error)[-600:]}", flush=True)
+                print(f"{variant:<30}failed: {str(error)[-600:]}", flush=True)
                 continue
             loaded = (loaded + os.getloadavg()[0]) / 2
             processing = run["net_s"] - base["net_s"]
             cpu = run["cpu_s"] - base["cpu_s"]
-            print(f"{variant:<14}{base['net_s']:>9.1f}{run['net_s']:>9.1f}{args.events / processing:>11,.0f}"
+            print(f"{variant:<30}{base['net_s']:>9.1f}{run['net_s']:>9.1f}{args.events / processing:>11,.0f}"
                   f"{cpu:>11.1f}{args.events / cpu:>10,.0f}{loaded:>9.2f}", flush=True)
     finally:
         if broker_dir is not None:

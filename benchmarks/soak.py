@@ -426,8 +426,9 @@ def clickhouse_view(home: Path) -> dict[str, Any]:
                  (SELECT sum(n) FROM window_stats FINAL WHERE experiment = {e:String}),
                  (SELECT count() FROM late_events FINAL WHERE type = 'inference' AND experiment = {e:String}),
                  (SELECT count() FROM window_stats FINAL WHERE experiment = {e:String}),
-                 (SELECT sum(n) FROM rum_window_stats FINAL WHERE experiment = {e:String}),
-                 (SELECT count() FROM late_events FINAL WHERE type = 'rum' AND experiment = {e:String})""",
+                 (SELECT count() FROM raw_events FINAL WHERE type = 'rum' AND trace_id IN
+                    (SELECT trace_id FROM raw_events FINAL WHERE type = 'inference' AND experiment = {e:String})),
+                 (SELECT count() FROM raw_events FINAL WHERE type = 'rum')""",
             parameters={"e": EXPERIMENT}).result_rows[0]
         dead = client.query("SELECT field, count() FROM dead_letters FINAL GROUP BY field").result_rows
         # Where the window identity breaks: per 10 s window, raw events vs Σ n + late.
@@ -446,10 +447,10 @@ def clickhouse_view(home: Path) -> dict[str, Any]:
         close = getattr(client, "close", None)
         if close:
             close()
-    raw, windowed, late, windows, rum_windowed, rum_late = (int(v or 0) for v in balance)
+    raw, windowed, late, windows, rum_attributed, rum_raw = (int(v or 0) for v in balance)
     return {"per_trace": per_trace, "final": {k: int(v) for k, v in final.items()},
             "windows": {"raw_inference": raw, "windowed": windowed, "late": late, "window_rows": windows,
-                        "balanced": raw == windowed + late, "rum_windowed": rum_windowed, "rum_late": rum_late,
+                        "balanced": raw == windowed + late, "rum_attributed": rum_attributed, "rum_raw": rum_raw,
                         "gaps": [{"window_start": str(ws), "raw": int(r), "windowed": int(w), "late": int(lt)}
                                  for ws, r, w, lt in gaps]},
             "dead_letters": {k: int(v) for k, v in dead}}
@@ -512,7 +513,7 @@ def _wait(what: str, check: Any, *, timeout_s: float, progress: Progress, task: 
 
 
 def _push_watermark(bootstrap: str) -> None:
-    """One future-stamped inference and rum event per partition, in an experiment the registry does not know:
+    """One future-stamped inference event per partition, in an experiment the registry does not know:
     the Flink watermark passes every demo window (so they close) and the loader dead-letters these."""
     from kafka import KafkaProducer
 
@@ -528,9 +529,7 @@ def _push_watermark(bootstrap: str) -> None:
                   "variant": "flush", "unit_id": "flush"}
         inference = {**common, "type": "inference", "ttft_ms": 1.0, "e2e_ms": 2.0, "tpot_ms": 1.0, "prompt_tokens": 1,
                      "output_tokens": 2, "device_s": 0.001, "cost_usd": 0.0, "price_version": "flush", "strategy": "flush"}
-        rum = {**common, "type": "rum", "event_id": trace + "-r", "e2e_ms": 2.0}
         producer.send(EVENT_TOPICS["inference"], json.dumps(inference).encode(), key=trace.encode(), partition=partition)
-        producer.send(EVENT_TOPICS["rum"], json.dumps(rum).encode(), key=trace.encode(), partition=partition)
     producer.flush(30)
     producer.close()
 
@@ -739,7 +738,7 @@ def _print_report(result: dict[str, Any]) -> bool:
     ok &= w["balanced"]
     out.print(f"windows: raw inference {w['raw_inference']} = Σ window n {w['windowed']} + late {w['late']} "
               f"→ {'[green]balanced[/]' if w['balanced'] else '[red]NOT balanced (Δ ' + str(w['raw_inference'] - w['windowed'] - w['late']) + ')[/]'}"
-              f" over {w['window_rows']} window rows; rum windowed {w['rum_windowed']}, rum late {w['rum_late']}")
+              f" over {w['window_rows']} window rows; RUM attributed to a request {w['rum_attributed']} of {w['rum_raw']}")
     if w.get("gaps"):
         out.print("windows that do not balance (start: raw vs Σ n + late): " + "; ".join(
             f"{g['window_start'][11:19]}: {g['raw']} vs {g['windowed']}+{g['late']}" for g in w["gaps"][:12]))

@@ -103,14 +103,13 @@ def register_pipeline(app: typer.Typer) -> None:
 def stream_submit(
     local: bool = typer.Option(True, "--local/--cluster", help="Run in a local mini-cluster (default), or print the `flink run` command for a cluster."),
     out_of_orderness_s: float = typer.Option(2.0, min=0, help="Watermark bound: how far out of order events may arrive."),
-    rum_horizon_s: float = typer.Option(10.0, min=0, help="How far apart an inference event and its RUM may be."),
     checkpoint_interval_s: float = typer.Option(2.0, min=0.1, help="Checkpoint (and Kafka commit) interval."),
     parallelism: int = typer.Option(1, min=1, help="Flink parallelism."),
     idle_timeout_s: float = typer.Option(
         5.0, min=0,
         help="Seconds after which a silent partition/topic stops holding the watermark, so live windows close "
         "within seconds. 0 = never idle (exact, for bounded replays). Cost: an event reaching an idle partition "
-        "after the watermark passed its window misses the window (kept in raw_events only).",
+        "after the watermark passed its window is kept as a late row, not counted in its window.",
     ),
     bounded: bool = typer.Option(False, help="Stop at the offsets that are the latest at start (backfills)."),
     fresh: bool = typer.Option(False, help="Ignore retained checkpoints and start from the earliest offsets."),
@@ -124,8 +123,8 @@ def stream_submit(
     settings = get_settings()
     try:
         config = JobConfig(
-            bootstrap=settings.kafka_bootstrap, inference_topic=EVENT_TOPICS["inference"], rum_topic=EVENT_TOPICS["rum"],
-            windows_topic=WINDOWS_TOPIC, out_of_orderness_s=out_of_orderness_s, rum_horizon_s=rum_horizon_s,
+            bootstrap=settings.kafka_bootstrap, inference_topic=EVENT_TOPICS["inference"],
+            windows_topic=WINDOWS_TOPIC, out_of_orderness_s=out_of_orderness_s,
             checkpoint_interval_s=checkpoint_interval_s, parallelism=parallelism, bounded=bounded,
             idle_timeout_s=idle_timeout_s,
             checkpoint_dir=settings.home / "flink" / "checkpoints", restore=not fresh,

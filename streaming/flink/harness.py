@@ -62,7 +62,7 @@ class PipelineTopics:
 
 def job_config(topics: PipelineTopics, *, bootstrap: str, checkpoint_dir: Path, **overrides: Any) -> JobConfig:
     values: dict[str, Any] = dict(
-        bootstrap=bootstrap, inference_topic=topics.inference, rum_topic=topics.rum,
+        bootstrap=bootstrap, inference_topic=topics.inference,
         windows_topic=topics.windows, group_id=f"{topics.prefix}-flink", checkpoint_dir=checkpoint_dir,
         transactional_id_prefix=f"{topics.prefix}-tx", checkpoint_interval_s=2.0,
     )

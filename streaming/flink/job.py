@@ -30,17 +30,15 @@ tests/integration/streaming/test_pipeline_canned.py):
   offline (``reference.late_ids``). Per experiment: raw inference events = Σ window ``n``
   + late inference events (``queries.reconciliation``).
 - Partitions never go idle by default (``idle_timeout_s = 0``); bounded replays and tests
-  use 0. ``ablab stream submit`` (live) defaults to 5 s so silent topics (cost, rum) do not
+  use 0. ``ablab stream submit`` (live) defaults to 5 s so silent partitions do not
   stall every window. A partition that wakes up after the watermark moved on without it
   may deliver events behind the watermark: the second rule sends those to late rows.
-- RUM (client-side latency) is joined to its inference event by ``trace_id`` and counted
-  in that event's window and variant, when their event times lie within
-  ``rum_horizon_s`` of each other; RUM outside the horizon, or with no inference event, stays in
-  ``raw_events`` only.
-- Feedback (labels, minutes late) is *not* windowed in Flink: it is attributed to its
-  original request's window and variant in ClickHouse at query time, by ``trace_id``
-  (``ablab.streaming.store.queries``), so a label arriving an hour late still updates its
-  window and nothing needs to hold an hour of request state.
+- RUM (client-side latency, seconds late) and feedback (labels, minutes late) are *not*
+  read by this job: both are attributed to their original request's window and variant in
+  ClickHouse at query time, by ``trace_id`` (``ablab.streaming.store.queries``), however
+  late they arrive, so nothing here holds per-request state for them. (Until 2026-12-04
+  RUM was an interval join here: it buffered every request for the RUM horizon, lost RUM
+  outside it, and cost the job a third of its CPU; docs/benchmarks/pipeline.md.)
 
 Fault tolerance: checkpoints every ``checkpoint_interval_s`` (exactly-once mode), retained
 on cancellation; the Kafka sinks are transactional (``exactly-once``), so rows become
@@ -74,11 +72,9 @@ class JobConfigError(ValueError):
 class JobConfig:
     bootstrap: str = "127.0.0.1:9092"
     inference_topic: str = "ablab.inference"
-    rum_topic: str = "ablab.rum"
     windows_topic: str = "ablab.windows"
     group_id: str = "ablab-flink"
     out_of_orderness_s: float = 2.0
-    rum_horizon_s: float = 10.0
     idle_timeout_s: float = 0.0
     """0 (default): a partition without records holds the watermark back. > 0 lets the job
     move on without an idle partition; that partition's next events may then be behind the
@@ -103,8 +99,6 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.out_of_orderness_s < 0:
             raise JobConfigError(f"out_of_orderness_s must be >= 0, got {self.out_of_orderness_s}")
-        if self.rum_horizon_s < 0:
-            raise JobConfigError(f"rum_horizon_s must be >= 0, got {self.rum_horizon_s}")
         if self.checkpoint_interval_s <= 0:
             raise JobConfigError(f"checkpoint_interval_s must be > 0, got {self.checkpoint_interval_s}")
         if self.delivery_guarantee not in ("exactly-once", "at-least-once", "none"):
@@ -122,11 +116,9 @@ class JobConfig:
         return {
             "bootstrap": self.bootstrap,
             "inference_topic": self.inference_topic,
-            "rum_topic": self.rum_topic,
             "windows_topic": self.windows_topic,
             "group_id": self.group_id,
             "out_of_orderness_s": f"{self.out_of_orderness_s:.3f}",
-            "rum_horizon_s": f"{self.rum_horizon_s:.3f}",
             "bounded_mode": "latest-offset" if self.bounded else "unbounded",
             "delivery_guarantee": self.delivery_guarantee,
             "transactional_id_prefix": self.transactional_id_prefix,

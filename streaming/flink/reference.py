@@ -2,8 +2,8 @@
 
 Pure functions over plain event dicts (the JSON the producers send), written
 independently of the SQL: the window rows (counts, sums, sums of squares, percentiles by
-linear interpolation as Flink's PERCENTILE), the RUM rows joined by trace_id, the labels
-attributed to each request's window, and which events *may* be late under the watermark
+linear interpolation as Flink's PERCENTILE), the RUM and the labels attributed to each
+request's window by trace_id (as the store does), and which events *may* be late under the watermark
 rule. Also a canned-stream generator with duplicates, bounded disorder, RUM, late events
 and minutes-late feedback, whose metric values are dyadic rationals so that sums are
 exact in floating point whatever order they are added in.
@@ -113,21 +113,16 @@ def inference_windows(inference: Iterable[dict[str, Any]], *, late_ids: set[str]
     return rows
 
 
-def rum_windows(
-    rum: Iterable[dict[str, Any]], inference: Iterable[dict[str, Any]], *, late_ids: set[str], horizon_ms: int,
-) -> dict[tuple[str, str, int], dict[str, Any]]:
-    """RUM rows: each on-time RUM event whose ts is within ``horizon_ms`` of its on-time
-    inference event's ts, counted in that inference event's window."""
-    by_trace = {e["trace_id"]: e for e in dedup(inference) if e["event_id"] not in late_ids}
+def rum_windows(rum: Iterable[dict[str, Any]], inference: Iterable[dict[str, Any]]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    """RUM per (experiment, variant, window of the original request), as the store attributes
+    it by trace_id: every RUM event (first copy of each event_id) of a request, however late."""
+    by_trace = {e["trace_id"]: e for e in dedup(inference)}
     groups: dict[tuple[str, str, int], list[float]] = defaultdict(list)
     for event in dedup(rum):
-        if event["event_id"] in late_ids or event["trace_id"] not in by_trace:
-            continue
-        request = by_trace[event["trace_id"]]
-        request_ts = parse_ms(request["ts"])
-        if abs(parse_ms(event["ts"]) - request_ts) > horizon_ms:
-            continue
-        groups[(request["experiment"], request["variant"], window_start_ms(request_ts))].append(event["e2e_ms"])
+        request = by_trace.get(event["trace_id"])
+        if request is not None:
+            groups[(request["experiment"], request["variant"], window_start_ms(parse_ms(request["ts"])))].append(
+                event["e2e_ms"])
     rows = {}
     for key, values in groups.items():
         p50, p95, p99 = _percentiles(values)
@@ -233,11 +228,8 @@ def late_inference(*, start: datetime, count: int, experiment: str, variants: tu
     ]
 
 
-def closing_events(*, at: datetime, experiment: str, count: int = 12) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Inference and RUM events far ahead in time on many trace ids (hence every partition),
-    so that every partition's watermark passes the canned windows."""
+def closing_events(*, at: datetime, experiment: str, count: int = 12) -> list[dict[str, Any]]:
+    """Inference events far ahead in time on many trace ids (hence every partition), so
+    that every partition's watermark passes the canned windows."""
     rng = random.Random(99)
-    inference = [inference_event(rng=rng, ts=at, experiment=experiment, variant="control") for _ in range(count)]
-    rum = [{"v": 1, "type": "rum", "event_id": uuid.uuid4().hex, "ts": iso(at), "trace_id": uuid.uuid4().hex,
-            "e2e_ms": 1.0} for _ in range(count)]
-    return inference, rum
+    return [inference_event(rng=rng, ts=at, experiment=experiment, variant="control") for _ in range(count)]

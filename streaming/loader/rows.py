@@ -31,17 +31,12 @@ WINDOW_COLUMNS = (
     "output_tokens_sum", "output_tokens_sumsq",
     "e2e_p50", "e2e_p95", "e2e_p99", "ttft_p50", "ttft_p95", "ttft_p99", "emitted_at",
 )
-RUM_WINDOW_COLUMNS = (
-    "experiment", "variant", "window_start", "window_end", "n", "e2e_sum", "e2e_sumsq",
-    "e2e_p50", "e2e_p95", "e2e_p99", "emitted_at",
-)
 LATE_COLUMNS = (
     "event_id", "type", "ts", "trace_id", "experiment", "variant", "window_start", "watermark", "e2e_ms",
 )
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "raw_events": RAW_COLUMNS,
     "window_stats": WINDOW_COLUMNS,
-    "rum_window_stats": RUM_WINDOW_COLUMNS,
     "late_events": LATE_COLUMNS,
 }
 _WINDOW_MS = 10_000
@@ -104,12 +99,10 @@ def _window_record(value: bytes, known_experiments: Collection[str] | None) -> R
     kind = record.get("kind")
     if kind == "inference":
         table, columns = "window_stats", WINDOW_COLUMNS
-    elif kind == "rum":
-        table, columns = "rum_window_stats", RUM_WINDOW_COLUMNS
     elif kind == "late":
         return _late_record(record, known_experiments)
     else:
-        return Rejection("kind", f"`kind` must be inference, rum or late; got {kind!r}")
+        return Rejection("kind", f"`kind` must be inference or late; got {kind!r}")
     values = []
     for name in columns:
         parsed = _field(record, name)
@@ -129,8 +122,8 @@ def _late_record(record: dict[str, Any], known_experiments: Collection[str] | No
             return parsed
         values[name] = parsed
     event_type = record.get("event_type")
-    if event_type not in ("inference", "rum"):
-        return Rejection("event_type", f"`event_type` must be inference or rum; got {event_type!r}")
+    if event_type != "inference":  # the job windows (hence calls late) inference events only
+        return Rejection("event_type", f"`event_type` must be inference; got {event_type!r}")
     experiment = record.get("experiment") or ""
     if known_experiments is not None and experiment and experiment not in known_experiments:
         return Rejection("experiment", f"unknown experiment {experiment!r}")

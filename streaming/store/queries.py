@@ -4,9 +4,10 @@ Every value from a caller goes through clickhouse-connect ``parameters=`` (serve
 ``{name:Type}`` binding); nothing is formatted into SQL. Tables are ReplacingMergeTrees,
 so reads use ``FINAL``: a redelivered or replayed row is counted once even before merges.
 
-Feedback attribution: a label is joined to its request's inference event by ``trace_id``
-and counted in *that* event's variant and 10 s window, however late it arrived. When a
-request has several labels, the latest (by event time) wins.
+Trace attribution: a label or a RUM event (client-side latency) is joined to its
+request's inference event by ``trace_id`` and counted in *that* event's variant and 10 s
+window, however late it arrived. When a request has several labels, the latest (by event
+time) wins; every RUM event of a request counts (duplicates, by event_id, once).
 """
 
 from __future__ import annotations
@@ -25,6 +26,13 @@ _LABELS = """
     FROM raw_events FINAL
     WHERE type = 'feedback' AND correct IS NOT NULL
     GROUP BY trace_id
+"""
+
+# Client-side latency per RUM event (raw_events FINAL: one row per event_id).
+_RUM = """
+    SELECT trace_id, e2e_ms
+    FROM raw_events FINAL
+    WHERE type = 'rum'
 """
 
 _INFERENCE = """
@@ -100,8 +108,13 @@ def window_rows(
                w.emitted_at AS emitted_at, w.loaded_at AS loaded_at
         FROM (SELECT * FROM window_stats FINAL WHERE experiment = {{experiment:String}}
               AND window_start >= {{start:DateTime64(3, 'UTC')}} AND window_start < {{end:DateTime64(3, 'UTC')}}) AS w
-        LEFT JOIN (SELECT * FROM rum_window_stats FINAL WHERE experiment = {{experiment:String}}) AS r
-            ON r.variant = w.variant AND r.window_start = w.window_start
+        LEFT JOIN (
+            SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
+                   count() AS n, sum(c.e2e_ms) AS e2e_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_sumsq,
+                   quantileExactInclusive(0.95)(c.e2e_ms) AS e2e_p95
+            FROM ({_INFERENCE}) AS i INNER JOIN ({_RUM}) AS c ON c.trace_id = i.trace_id
+            GROUP BY variant, window_start
+        ) AS r ON r.variant = w.variant AND r.window_start = w.window_start
         LEFT JOIN (
             SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
                    count() AS labeled, sum(l.label_correct) AS correct

@@ -1,4 +1,5 @@
--- Kafka sources: one typed topic per event type (ablab.streaming.kafka.topics).
+-- Kafka source: the inference topic (ablab.streaming.kafka.topics). RUM and feedback are not
+-- read here: both are attributed to their request's window in ClickHouse, by trace_id.
 -- Event time is `ts`; the watermark trails the largest ts seen by the bounded
 -- out-of-orderness. Bad JSON and wrong-typed fields become NULLs (ignore-parse-errors)
 -- and are filtered out in 30_transform.sql; the loader dead-letters the same records.
@@ -21,27 +22,6 @@ CREATE TEMPORARY TABLE inference_events (
 ) WITH (
     'connector' = 'kafka',
     'topic' = '${inference_topic}',
-    'properties.bootstrap.servers' = '${bootstrap}',
-    'properties.group.id' = '${group_id}',
-    'properties.isolation.level' = 'read_committed',
-    'scan.startup.mode' = 'earliest-offset',
-    'scan.bounded.mode' = '${bounded_mode}',
-    'format' = 'json',
-    'json.ignore-parse-errors' = 'true',
-    'json.timestamp-format.standard' = 'ISO-8601'
-);
-
-CREATE TEMPORARY TABLE rum_events (
-    event_id      STRING,
-    ts            TIMESTAMP_LTZ(3),
-    trace_id      STRING,
-    e2e_ms        DOUBLE,
-    kafka_partition INT METADATA FROM 'partition' VIRTUAL,
-    arrival       AS PROCTIME(),
-    WATERMARK FOR ts AS ts - INTERVAL '${out_of_orderness_s}' SECOND
-) WITH (
-    'connector' = 'kafka',
-    'topic' = '${rum_topic}',
     'properties.bootstrap.servers' = '${bootstrap}',
     'properties.group.id' = '${group_id}',
     'properties.isolation.level' = 'read_committed',

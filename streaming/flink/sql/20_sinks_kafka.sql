@@ -1,7 +1,7 @@
 -- Window rows and late events go back to Kafka (Flink has no usable ClickHouse sink from
 -- Python). With checkpointing on, 'exactly-once' writes each checkpoint's rows in one
 -- Kafka transaction committed when the checkpoint completes; the loader reads
--- read_committed, so rows of a crashed attempt are never seen. All three kinds share the
+-- read_committed, so rows of a crashed attempt are never seen. Both kinds share the
 -- windows topic and are told apart by `kind`; each sink has its own transactional ids.
 CREATE TEMPORARY TABLE inference_window_sink (
     kind STRING, experiment STRING, `variant` STRING,
@@ -22,23 +22,6 @@ CREATE TEMPORARY TABLE inference_window_sink (
     'properties.transaction.timeout.ms' = '${transaction_timeout_ms}',
     'sink.delivery-guarantee' = '${delivery_guarantee}',
     'sink.transactional-id-prefix' = '${transactional_id_prefix}-inference',
-    'format' = 'json',
-    'json.timestamp-format.standard' = 'ISO-8601'
-);
-
-CREATE TEMPORARY TABLE rum_window_sink (
-    kind STRING, experiment STRING, `variant` STRING,
-    window_start TIMESTAMP_LTZ(3), window_end TIMESTAMP_LTZ(3),
-    n BIGINT, e2e_sum DOUBLE, e2e_sumsq DOUBLE,
-    e2e_p50 DOUBLE, e2e_p95 DOUBLE, e2e_p99 DOUBLE,
-    emitted_at TIMESTAMP_LTZ(3)
-) WITH (
-    'connector' = 'kafka',
-    'topic' = '${windows_topic}',
-    'properties.bootstrap.servers' = '${bootstrap}',
-    'properties.transaction.timeout.ms' = '${transaction_timeout_ms}',
-    'sink.delivery-guarantee' = '${delivery_guarantee}',
-    'sink.transactional-id-prefix' = '${transactional_id_prefix}-rum',
     'format' = 'json',
     'json.timestamp-format.standard' = 'ISO-8601'
 );

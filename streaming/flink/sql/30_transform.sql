@@ -9,10 +9,11 @@
 --     a partition that was idle and woke up behind the watermark: its window may already be
 --     closed). Late events go to late_rows, never into a window; every other event is ahead
 --     of the watermark, so its window is still open and counts it. Nothing is dropped;
---   * RUM joins its inference event by trace_id (event times within the RUM horizon) and
---     counts in that inference event's window and variant;
---   * feedback is never windowed here (labels arrive minutes late): it is attributed to
---     its request's window and variant in ClickHouse by trace_id (store/queries.py).
+--   * RUM (client-side latency, seconds late) and feedback (labels, minutes late) are not
+--     read here: both are attributed to their request's window and variant in ClickHouse by
+--     trace_id (store/queries.py), however late they arrive. An interval join here buffered
+--     every request for the RUM horizon and was the job's largest cost (1.5-1.6x,
+--     docs/benchmarks/pipeline.md).
 -- Performance (docs/benchmarks/pipeline.md): each view below is planned once and shared by
 -- every INSERT (sub-plan reuse), so each event crosses each keyed exchange once; mini-batch
 -- stays off because it makes the deduplication emit updates (retracting aggregates).
@@ -32,16 +33,6 @@ FROM (
 )
 WHERE arrival_rank = 1;
 
-CREATE TEMPORARY VIEW rum_first AS
-SELECT event_id, ts, trace_id, e2e_ms, kafka_partition, arrival
-FROM (
-    SELECT event_id, ts, trace_id, e2e_ms, kafka_partition, arrival,
-           ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
-    FROM rum_events
-    WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL AND e2e_ms IS NOT NULL
-)
-WHERE arrival_rank = 1;
-
 -- seen_watermark: the partition's largest ts so far minus the bound (a plain timestamp,
 -- not an event-time attribute, hence the CAST).
 CREATE TEMPORARY VIEW inference_checked AS
@@ -55,33 +46,14 @@ FROM (
     FROM inference_first
 );
 
-CREATE TEMPORARY VIEW rum_checked AS
-SELECT *,
-       ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
-FROM (
-    SELECT *,
-           CAST(MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
-                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-                - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
-    FROM rum_first
-);
-
 CREATE TEMPORARY VIEW late_rows AS
 SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`,
        CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms
 FROM inference_checked
-WHERE is_late
-UNION ALL
-SELECT 'late' AS kind, 'rum' AS event_type, event_id, trace_id, CAST(NULL AS STRING) AS experiment,
-       CAST(NULL AS STRING) AS `variant`, CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms
-FROM rum_checked
 WHERE is_late;
 
 CREATE TEMPORARY VIEW inference_on_time AS
 SELECT * FROM inference_checked WHERE NOT is_late;
-
-CREATE TEMPORARY VIEW rum_on_time AS
-SELECT * FROM rum_checked WHERE NOT is_late;
 
 CREATE TEMPORARY VIEW inference_window_stats AS
 SELECT kind, experiment, `variant`, window_start, window_end, n, errors,
@@ -108,25 +80,5 @@ FROM (
            PERCENTILE(ttft_ms, ARRAY[0.5, 0.95, 0.99]) AS ttft_q,
            CURRENT_TIMESTAMP AS emitted_at
     FROM TABLE(TUMBLE(TABLE inference_on_time, DESCRIPTOR(ts), INTERVAL '10' SECOND))
-    GROUP BY window_start, window_end, experiment, `variant`
-);
-
--- RUM counted in its inference event's window: the interval join matches on-time RUM and
--- inference events of one trace_id whose event times lie within the RUM horizon.
-CREATE TEMPORARY VIEW rum_joined AS
-SELECT i.ts AS rt, i.experiment, i.`variant`, r.e2e_ms
-FROM rum_on_time r, inference_on_time i
-WHERE r.trace_id = i.trace_id
-  AND r.ts BETWEEN i.ts - INTERVAL '${rum_horizon_s}' SECOND AND i.ts + INTERVAL '${rum_horizon_s}' SECOND;
-
-CREATE TEMPORARY VIEW rum_window_stats AS
-SELECT kind, experiment, `variant`, window_start, window_end, n, e2e_sum, e2e_sumsq,
-       q[1] AS e2e_p50, q[2] AS e2e_p95, q[3] AS e2e_p99, emitted_at
-FROM (
-    SELECT 'rum' AS kind, experiment, `variant`, window_start, window_end,
-           COUNT(*) AS n, SUM(e2e_ms) AS e2e_sum, SUM(e2e_ms * e2e_ms) AS e2e_sumsq,
-           PERCENTILE(e2e_ms, ARRAY[0.5, 0.95, 0.99]) AS q,
-           CURRENT_TIMESTAMP AS emitted_at
-    FROM TABLE(TUMBLE(TABLE rum_joined, DESCRIPTOR(rt), INTERVAL '10' SECOND))
     GROUP BY window_start, window_end, experiment, `variant`
 );

@@ -1,4 +1,3 @@
--- One statement set: one job, one checkpoint covering all three outputs.
+-- One statement set: one job, one checkpoint covering both outputs.
 INSERT INTO inference_window_sink SELECT * FROM inference_window_stats;
-INSERT INTO rum_window_sink SELECT * FROM rum_window_stats;
 INSERT INTO late_sink SELECT * FROM late_rows;

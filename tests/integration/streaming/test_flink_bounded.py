@@ -2,8 +2,8 @@
 
 Sources are the job's own source DDL with the Kafka options swapped for a local JSON file
 (the transformation is kept apart from sources and sinks for exactly this). Checks the
-window arithmetic, deduplication, bad-record filtering and the RUM join against the
-offline reference, without a broker.
+window arithmetic, deduplication and bad-record filtering against the offline reference,
+without a broker.
 """
 
 from __future__ import annotations
@@ -23,13 +23,12 @@ START = datetime(2026, 1, 1, tzinfo=UTC)
 TIMESTAMP_COLUMNS = {"window_start", "window_end", "emitted_at", "ts", "watermark"}
 
 
-def _file_sources(config: job.JobConfig, paths: dict[str, str]) -> list[str]:
+def _file_sources(config: job.JobConfig, path: str) -> list[str]:
     statements = []
     for statement in job.statements(config, parts=("sources_kafka",)):
         head = statement.split(") WITH (")[0].replace("INT METADATA FROM 'partition' VIRTUAL", "AS 0")
-        table = "inference_events" if "inference_events" in head else "rum_events"
         statements.append(
-            f"{head}) WITH ('connector' = 'filesystem', 'path' = '{paths[table]}', 'format' = 'json', "
+            f"{head}) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'json', "
             "'json.ignore-parse-errors' = 'true', 'json.timestamp-format.standard' = 'ISO-8601')"
         )
     return statements
@@ -51,28 +50,25 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     stream = ref.canned_stream(start=START, windows=4, per_window=30, experiment="b", jitter_ms=0, seed=3)
     # Sorted by time: on a bounded file nothing is late, so every valid event is windowed.
     inference = sorted(stream.inference, key=lambda e: e["ts"])
-    rum = sorted(stream.rum, key=lambda e: e["ts"])
     bad = [b"{broken", json.dumps({**inference[0], "event_id": "bad-type", "e2e_ms": "fast"}).encode(),
            json.dumps({**inference[0], "event_id": "no-variant", "variant": None}).encode()]
-    paths = {"inference_events": str(tmp_path / "inference.json"), "rum_events": str(tmp_path / "rum.json")}
-    with open(paths["inference_events"], "wb") as handle:
+    path = str(tmp_path / "inference.json")
+    with open(path, "wb") as handle:
         for event in inference:
             handle.write(json.dumps(event).encode() + b"\n")
         handle.write(b"\n".join(bad) + b"\n")
-    with open(paths["rum_events"], "wb") as handle:
-        handle.write(b"\n".join(json.dumps(e).encode() for e in rum) + b"\n")
 
-    config = job.JobConfig(out_of_orderness_s=2.0, rum_horizon_s=10.0)
+    config = job.JobConfig(out_of_orderness_s=2.0)
     # The job's own execution options (object reuse, state TTL, no mini-batch),
     # without checkpointing: the file input is bounded and nothing here restarts.
     conf = {key: value for key, value in job.flink_configuration(config, connector_jar=None).items()
             if not key.startswith(("execution.checkpointing", "restart-strategy"))}
     assert conf["parallelism.default"] == "1" and conf["table.exec.source.idle-timeout"] == "0 ms"
     env = job.create_table_environment(conf)
-    for statement in _file_sources(config, paths) + job.statements(config, parts=("transform",)):
+    for statement in _file_sources(config, path) + job.statements(config, parts=("transform",)):
         env.execute_sql(statement)
 
-    from ablab.streaming.loader.rows import RUM_WINDOW_COLUMNS, WINDOW_COLUMNS
+    from ablab.streaming.loader.rows import WINDOW_COLUMNS
 
     windows = {_key(r): r for r in _collect(env, "inference_window_stats", list(WINDOW_COLUMNS))}
     late = _collect(env, "late_rows", ["event_type", "event_id", "ts", "watermark"])
@@ -88,9 +84,3 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     assert sum(r["n"] for r in windows.values()) + len(late_ids) == len(ref.dedup(inference))  # dedup + bad rows out
     assert not ({"bad-type", "no-variant"} & late_ids)
 
-    rum_rows = {_key(r): r for r in _collect(env, "rum_window_stats", list(RUM_WINDOW_COLUMNS))}
-    expected_rum = ref.rum_windows(rum, inference, late_ids=late_ids, horizon_ms=10_000)
-    assert set(rum_rows) == set(expected_rum)
-    for key, row in expected_rum.items():
-        assert rum_rows[key]["n"] == row["n"] and rum_rows[key]["e2e_sum"] == row["e2e_sum"], key
-        assert math.isclose(rum_rows[key]["e2e_p95"], row["e2e_p95"], rel_tol=1e-12)

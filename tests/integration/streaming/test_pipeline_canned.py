@@ -29,7 +29,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400
 EXPERIMENT = "canned"
 VARIANTS = ("control", "treatment")
 OUT_OF_ORDERNESS_MS = 2000
-HORIZON_MS = 10_000
 WINDOWS = 6
 
 
@@ -69,9 +68,11 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
     start = start - timedelta(seconds=start.second % 10)
     stream = ref.canned_stream(start=start, windows=WINDOWS, per_window=40, experiment=EXPERIMENT, variants=VARIANTS)
     late = ref.late_inference(start=start, count=6, experiment=EXPERIMENT, variants=VARIANTS)
-    late_rum = [{"v": 1, "type": "rum", "event_id": "late-rum-1", "ts": ref.iso(start + timedelta(seconds=3)),
-                 "trace_id": stream.inference[0]["trace_id"], "e2e_ms": 5.0}]
-    closing_inf, closing_rum = ref.closing_events(at=start + timedelta(seconds=WINDOWS * 10 + 60), experiment="flush")
+    # RUM long after its request (far past any join horizon) and a redelivered copy: both
+    # attributed by trace_id in ClickHouse, the copy once.
+    late_rum = [{"v": 1, "type": "rum", "event_id": "late-rum-1", "ts": ref.iso(start + timedelta(minutes=5)),
+                 "trace_id": stream.inference[0]["trace_id"], "e2e_ms": 5.0}, dict(stream.rum[0])]
+    closing_inf = ref.closing_events(at=start + timedelta(seconds=WINDOWS * 10 + 60), experiment="flush")
 
     loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(*topics.raw, topics.windows),
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter,
@@ -80,7 +81,7 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
     loader_thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
     loader_thread.start()
     flink = FlinkProcess(job_config(topics, bootstrap=kafka_broker, checkpoint_dir=tmp_path / "ckpt",
-                                    out_of_orderness_s=OUT_OF_ORDERNESS_MS / 1000, rum_horizon_s=HORIZON_MS / 1000),
+                                    out_of_orderness_s=OUT_OF_ORDERNESS_MS / 1000),
                          log_path=tmp_path / "flink.log").start()
     producer = RawProducer(kafka_broker)
     try:
@@ -94,19 +95,20 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
         producer.send(topics.inference, late)
         producer.send(topics.rum, late_rum)
         producer.send(topics.inference, closing_inf)
-        producer.send(topics.rum, closing_rum)
 
-        expected_late = {e["event_id"] for e in late} | {"late-rum-1"}
+        expected_late = {e["event_id"] for e in late}
         expected_keys = set(ref.inference_windows(stream.inference, late_ids=set()))
+        rum_ids = {e["event_id"] for e in stream.rum + late_rum}
 
         def complete() -> bool:
             late_ids = {r[0] for r in store.query("SELECT event_id FROM late_events FINAL").result_rows}
-            rum_rows = store.query("SELECT count() FROM rum_window_stats FINAL WHERE experiment = 'canned'").result_rows[0][0]
-            return expected_late <= late_ids and expected_keys <= set(_window_table(store, "window_stats")) and rum_rows > 0
+            rum_loaded = store.query("SELECT count() FROM raw_events FINAL WHERE type = 'rum'").result_rows[0][0]
+            return (expected_late <= late_ids and expected_keys <= set(_window_table(store, "window_stats"))
+                    and rum_loaded == len(rum_ids))
 
         wait_for(complete, timeout_s=120, what="all windows and late events", on_timeout=flink.log_tail)
         wait_for(lambda: loader.stats.consumed >= len(stream.feedback), timeout_s=30, what="feedback loaded")
-        time.sleep(4)  # a last checkpoint's RUM rows and the loader's last batch
+        time.sleep(2)  # the loader's last batch
     finally:
         producer.close()
         flink.stop()
@@ -115,9 +117,7 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
 
     late_ids = {r[0] for r in store.query("SELECT event_id FROM late_events FINAL").result_rows}
     arrivals_inf = stream.inference + late + closing_inf
-    arrivals_rum = stream.rum + late_rum + closing_rum
-    reference_late = (ref.late_ids(arrivals_inf, out_of_orderness_ms=OUT_OF_ORDERNESS_MS, partitions=3)
-                      | ref.late_ids(arrivals_rum, out_of_orderness_ms=OUT_OF_ORDERNESS_MS, partitions=3))
+    reference_late = ref.late_ids(arrivals_inf, out_of_orderness_ms=OUT_OF_ORDERNESS_MS, partitions=3)
     # Late-data policy: exactly the events the rule calls late are kept as late, the
     # deliberately late ones among them, and nothing on time.
     assert expected_late <= reference_late
@@ -131,11 +131,18 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
     for key, row in expected.items():
         _assert_row(windows[key], row, key)
 
-    rum = _window_table(store, "rum_window_stats")
-    expected_rum = ref.rum_windows(arrivals_rum, stream.inference + late, late_ids=late_ids, horizon_ms=HORIZON_MS)
+    # RUM in its request's window and variant (the store's query-time attribution).
+    rum = {(EXPERIMENT, r["variant"], _ms(r["window_start"])): r for r in queries.window_rows(store, experiment=EXPERIMENT)
+           if r["rum_n"] is not None}
+    expected_rum = ref.rum_windows(stream.rum + late_rum, stream.inference + late)
     assert set(rum) == set(expected_rum)
     for key, row in expected_rum.items():
-        _assert_row(rum[key], row, key)
+        _assert_row({name.removeprefix("rum_"): value for name, value in rum[key].items() if name.startswith("rum_")},
+                    {name: row[name] for name in ("n", "e2e_sum", "e2e_sumsq", "e2e_p95")}, key)
+    first = stream.inference[0]
+    first_key = (EXPERIMENT, first["variant"], ref.window_start_ms(ref.parse_ms(first["ts"])))
+    on_time_rum = ref.rum_windows(stream.rum, stream.inference + late)
+    assert rum[first_key]["rum_n"] == on_time_rum.get(first_key, {"n": 0})["n"] + 1  # the late RUM counts, the copy not
 
     # Feedback minutes late lands in its request's window and variant.
     labels = {(EXPERIMENT, r["variant"], _ms(r["window_start"])): {"labeled": r["labeled"], "correct": r["correct"]}
@@ -170,7 +177,7 @@ def test_event_on_a_reawakened_partition_behind_the_watermark_becomes_a_late_row
     on_time = [ref.inference_event(rng=rng, ts=start + timedelta(milliseconds=i * 250), experiment=experiment,
                                    variant=VARIANTS[i % 2]) for i in range(160)]
     reawakened = ref.inference_event(rng=rng, ts=start + timedelta(seconds=5), experiment=experiment, variant="control")
-    closing_inf, _ = ref.closing_events(at=start + timedelta(seconds=120), experiment="flush", count=3)
+    closing_inf = ref.closing_events(at=start + timedelta(seconds=120), experiment="flush", count=3)
 
     loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(*topics.raw, topics.windows),
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter,
@@ -196,7 +203,7 @@ def test_event_on_a_reawakened_partition_behind_the_watermark_becomes_a_late_row
 
     def heartbeat() -> None:
         while not beating.is_set():
-            send(ref.closing_events(at=start + timedelta(seconds=38), experiment="flush", count=2)[0], partition=0)
+            send(ref.closing_events(at=start + timedelta(seconds=38), experiment="flush", count=2), partition=0)
             time.sleep(0.3)
 
     beat = threading.Thread(target=heartbeat, daemon=True)

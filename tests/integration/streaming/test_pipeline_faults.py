@@ -43,7 +43,7 @@ def test_sigkill_and_restart_from_checkpoint_keeps_totals_exact(kafka_broker, tm
     first = ref.canned_stream(start=start, windows=6, per_window=40, experiment=EXPERIMENT, seed=21)
     second = ref.canned_stream(start=start + timedelta(seconds=60), windows=6, per_window=40,
                                experiment=EXPERIMENT, seed=22)
-    closing_inf, closing_rum = ref.closing_events(at=start + timedelta(seconds=180), experiment="flush")
+    closing_inf = ref.closing_events(at=start + timedelta(seconds=180), experiment="flush")
     config = job_config(topics, bootstrap=kafka_broker, checkpoint_dir=tmp_path / "ckpt")
 
     loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference, topics.windows),
@@ -65,7 +65,6 @@ def test_sigkill_and_restart_from_checkpoint_keeps_totals_exact(kafka_broker, tm
         producer.send(topics.inference, second.inference[len(second.inference) // 2:])
         restarted = FlinkProcess(config, log_path=tmp_path / "flink-2.log").start()
         producer.send(topics.inference, closing_inf)
-        producer.send(topics.rum, closing_rum)
         expected_keys = set(ref.inference_windows(first.inference + second.inference, late_ids=set()))
         wait_for(lambda: expected_keys <= set(_windows(store)), timeout_s=240, what="every window after the restart")
         time.sleep(3)

@@ -20,7 +20,7 @@ def test_every_placeholder_in_the_sql_has_a_value_and_none_is_left():
     assert "'properties.bootstrap.servers' = '127.0.0.1:19250'" in text
     assert "'topic' = 'x.inference'" in text
     inserts = [s for s in statements if s.upper().startswith("INSERT")]
-    assert len(inserts) == 3  # one statement set: windows, RUM windows, late rows
+    assert len(inserts) == 2  # one statement set: windows, late rows
 
 
 def test_a_quote_in_a_parameter_cannot_change_a_statement():
@@ -46,7 +46,7 @@ def test_bad_configuration_names_the_field(kwargs, field):
 def test_bounded_mode_and_exactly_once_reach_the_sql():
     text = "\n".join(job.statements(JobConfig(bounded=True)))
     assert "'scan.bounded.mode' = 'latest-offset'" in text
-    assert text.count("'sink.delivery-guarantee' = 'exactly-once'") == 3
+    assert text.count("'sink.delivery-guarantee' = 'exactly-once'") == 2
     assert "'properties.isolation.level' = 'read_committed'" in text
 
 

@@ -80,17 +80,22 @@ def test_window_rows_and_reconciliation(client):
               "n": 2, "errors": 0, "tpot_n": 0, "emitted_at": _ts(12)}
     for name in TABLE_COLUMNS["window_stats"]:
         window.setdefault(name, 1.5)
-    rum = {"kind": "rum", "experiment": "x", "variant": "a", "window_start": _ts(0), "window_end": _ts(10), "n": 1,
-           "e2e_sum": 9.0, "e2e_sumsq": 81.0, "e2e_p50": 9.0, "e2e_p95": 9.0, "e2e_p99": 9.0, "emitted_at": _ts(22)}
+    # RUM is attributed by trace_id to its request's window and variant, however late it
+    # arrives (t0 at 300 s, two minutes after its window). t9's request is late (not in n)
+    # but its window exists, so its RUM counts there too, as labels do; "nobody" matches no request.
+    rum = [{"v": 1, "type": "rum", "event_id": f"r{i}", "ts": _ts(at), "trace_id": trace, "e2e_ms": e2e}
+           for i, (trace, at, e2e) in enumerate([("t0", 300, 9.0), ("t1", 4, 3.0), ("t9", 5, 6.0), ("nobody", 1, 99.0)])]
     late = {"kind": "late", "event_type": "inference", "event_id": "e9", "trace_id": "t9", "experiment": "x",
             "variant": "a", "ts": _ts(3), "watermark": _ts(60), "e2e_ms": 7.0}
     events = [_inference(i, seconds=i + 1, variant="a", unit="u", e2e=5.0) for i in range(2)]
     events.append(_inference(9, seconds=3, variant="a", unit="u", e2e=7.0))
-    _load(client, [("w", window), ("w", rum), ("w", late)] + [("i", e) for e in events])
+    _load(client, [("w", window), ("w", late)] + [("i", e) for e in events] + [("r", e) for e in rum])
 
     rows = queries.window_rows(client, experiment="x")
     assert len(rows) == 1
-    assert rows[0]["n"] == 2 and rows[0]["rum_n"] == 1 and rows[0]["rum_e2e_sum"] == 9.0
+    assert rows[0]["n"] == 2 and rows[0]["rum_n"] == 3
+    assert (rows[0]["rum_e2e_sum"], rows[0]["rum_e2e_sumsq"]) == (18.0, 126.0)
+    assert rows[0]["rum_e2e_p95"] == pytest.approx(8.7)  # linear interpolation of 3, 6, 9
     assert rows[0]["labeled"] is None  # no labels yet
     assert queries.window_rows(client, experiment="x", start=BASE + timedelta(seconds=10)) == []
     assert queries.reconciliation(client, experiment="x") == {"raw": 3, "windowed": 2, "late": 1, "balanced": True}

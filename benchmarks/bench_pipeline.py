@@ -6,7 +6,9 @@ Several producer processes send inference events stamped with the current time a
 ``--rate`` events/s each; the job runs live (exactly-once, 2 s checkpoints) and the loader
 (in this process) writes raw events and window rows to chDB. Prints the sustained rates
 (sent, loaded) and the freshness of window rows: loaded_at − window_end, i.e. from the end
-of a 10 s window to the row being queryable in ClickHouse (p50/p95/max).
+of a 10 s window to the row being queryable in ClickHouse (p50/p95/max), and the CPU each
+part of the pipeline spent per event (producers, broker, Flink, loader with chDB), which
+says how many cores a rate needs whatever else the machine was doing.
 """
 
 from __future__ import annotations
@@ -24,7 +26,24 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 
-def _produce(args: tuple[str, str, int, float, int, str]) -> int:
+def _jvm_cpu_seconds() -> dict[str, float]:
+    """CPU seconds (user + system) of the broker's and the Flink job's JVMs, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    seconds = {"broker": 0.0, "flink": 0.0}
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if not argv[0].endswith(b"java"):
+                continue
+            fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        role = "broker" if b"kafka.Kafka" in argv else "flink"
+        seconds[role] += (int(fields[11]) + int(fields[12])) / ticks
+    return seconds
+
+
+def _produce(args: tuple[str, str, int, float, int, str]) -> tuple[int, float]:
     """Send inference events stamped with the current time at ``rate``/s for ``duration_s``."""
     bootstrap, topic, rate, duration_s, seed, client = args
     rng = random.Random(seed)
@@ -77,7 +96,7 @@ def _produce(args: tuple[str, str, int, float, int, str]) -> int:
             producer.poll(0)
         time.sleep(0.002)
     flush()
-    return sent
+    return sent, time.process_time()
 
 
 def main() -> None:
@@ -119,9 +138,11 @@ def main() -> None:
         wait_for(lambda: bool(list((workdir / "ckpt").glob("*/chk-*"))), timeout_s=300,
                  what="the job's first checkpoint")  # the mini-cluster runs before the clock does
         started = time.monotonic()
+        jvm_before, own_before = _jvm_cpu_seconds(), time.process_time()
         with multiprocessing.Pool(args.producers) as pool:
-            sent = sum(pool.map(_produce, [(bootstrap, topics.inference, args.rate, args.duration, seed, args.client)
-                                           for seed in range(args.producers)]))
+            produced = pool.map(_produce, [(bootstrap, topics.inference, args.rate, args.duration, seed, args.client)
+                                           for seed in range(args.producers)])
+        sent, producer_cpu = sum(n for n, _ in produced), sum(cpu for _, cpu in produced)
         load_sending = os.getloadavg()[0]
         send_s = time.monotonic() - started
 
@@ -154,6 +175,10 @@ def main() -> None:
         wait_for(lambda: windowed() + late() >= sent, timeout_s=900,
                  what="every event in a window row (or a late row) in ClickHouse")
         windows_s = time.monotonic() - started
+        jvm_after, own_after = _jvm_cpu_seconds(), time.process_time()
+        # This process is the loader thread, chDB's threads and a main thread that mostly waits.
+        cpu = {"producers": producer_cpu, "broker": jvm_after["broker"] - jvm_before["broker"],
+               "flink": jvm_after["flink"] - jvm_before["flink"], "loader + chDB": own_after - own_before}
         send_end_ms = int((time.time() - (windows_s - send_s)) * 1000)
         fresh = store.query(
             "SELECT quantile(0.5)(f), quantile(0.95)(f), max(f), count() FROM "
@@ -169,6 +194,10 @@ def main() -> None:
               f"{total + late() == sent})")
         print(f"freshness window_end -> queryable over {fresh[3]} windows that closed while sending: "
               f"p50 {fresh[0]:.2f}s  p95 {fresh[1]:.2f}s  max {fresh[2]:.2f}s")
+        per_event = {part: seconds / sent * 1e6 for part, seconds in cpu.items()}
+        print("CPU per event: " + ", ".join(f"{part} {us:.1f} µs" for part, us in per_event.items())
+              + f"; total {sum(per_event.values()):.1f} µs, i.e. {sum(per_event.values()) * 30_000 / 1e6:.2f} cores "
+              f"for 30,000 events/s")
         print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches}; load average 1 min "
               f"{load_sending:.2f} at the end of sending, {os.getloadavg()[0]:.2f} now; producers: {args.client}")
     finally:

@@ -34,6 +34,9 @@ change one setting, to see what it costs):
 - parallel-gc     the job's JVM with -XX:+UseParallelGC instead of G1
 - p2              the job at parallelism 2
 
+- with-rum-join   the job as it was before 2026-12-04 (commit 3d0379e, SQL read from git):
+                  RUM joined to its request in Flink by an interval join, as the baseline
+
 Join names with ``+`` to combine variants (``no-dedup+no-late+p2``). The variants of
 earlier sessions that measured the RUM interval join (no-rum, bucket-join) and the SQL before
 the 2026-12-03 fixes (before) went with the join on 2026-12-04; their figures are in
@@ -111,6 +114,27 @@ _OVER = re.compile(r"MAX\(ts\) OVER \(PARTITION BY kafka_partition ORDER BY arri
                    r"PRECEDING AND CURRENT ROW\)")
 
 
+BASELINE_COMMIT = "3d0379e"  # the last job with the RUM interval join
+
+
+def _with_rum_join(statements: list[str], config) -> list[str]:
+    """Every statement of the job at BASELINE_COMMIT, its SQL files read from git history."""
+    from ablab.streaming.flink import job
+
+    # The parameters that job had besides today's: its RUM topic (created, left empty, as the
+    # benchmark sends no RUM) and its 10 s RUM horizon.
+    parameters = config.sql_parameters() | {"rum_topic": config.inference_topic.removesuffix(".inference") + ".rum",
+                                            "rum_horizon_s": "10.000"}
+    out = []
+    for name in ("10_sources_kafka", "20_sinks_kafka", "30_transform", "40_inserts"):
+        shown = subprocess.run(["git", "show", f"{BASELINE_COMMIT}:streaming/flink/sql/{name}.sql"],
+                               capture_output=True, text=True, cwd=Path(__file__).resolve().parent)
+        if shown.returncode != 0:
+            raise RuntimeError(f"with-rum-join needs the repository's git history: {shown.stderr.strip()}")
+        out += job.split_statements(job.render(shown.stdout, parameters))
+    return out
+
+
 def _no_late(statements: list[str], config) -> list[str]:
     # seen_watermark = ts - bound: the per-partition rule never fires and the OVER aggregate
     # is gone; the watermark comparison stays.
@@ -157,6 +181,7 @@ def _no_dedup(statements: list[str], config) -> list[str]:
 VARIANTS: dict[str, tuple] = {
     # name: (statement transform or None, extra Flink configuration, parallelism, extra JVM flags)
     "job": (None, {}, 1, ""),
+    "with-rum-join": (_with_rum_join, {}, 1, ""),
     "no-late": (_no_late, {}, 1, ""),
     "no-percentile": (_no_percentile, {}, 1, ""),
     "no-dedup": (_no_dedup, {}, 1, ""),

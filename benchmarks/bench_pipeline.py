@@ -43,9 +43,10 @@ def _jvm_cpu_seconds() -> dict[str, float]:
     return seconds
 
 
-def _produce(args: tuple[str, str, int, float, int, str]) -> tuple[int, float]:
+def _produce(args: tuple[str, str, int, float, int, str, str]) -> tuple[int, float]:
     """Send inference events stamped with the current time at ``rate``/s for ``duration_s``."""
-    bootstrap, topic, rate, duration_s, seed, client = args
+    bootstrap, topic, rate, duration_s, seed, client, experiment = args
+    cpu_at_start = time.process_time()  # pool workers are reused: count this call's CPU only
     rng = random.Random(seed)
     if client == "confluent":
         from confluent_kafka import Producer
@@ -85,7 +86,7 @@ def _produce(args: tuple[str, str, int, float, int, str]) -> tuple[int, float]:
             ttft = rng.randint(20, 400) / 4
             send(trace.encode(), json.dumps({
                 "v": 1, "type": "inference", "event_id": trace, "trace_id": trace, "ts": now,
-                "experiment": "live", "variant": "ab"[sent % 2], "unit_id": f"u{sent % 500}", "ttft_ms": ttft,
+                "experiment": experiment, "variant": "ab"[sent % 2], "unit_id": f"u{sent % 500}", "ttft_ms": ttft,
                 "e2e_ms": ttft + rng.randint(0, 4000) / 4, "tpot_ms": 1.5, "prompt_tokens": 100,
                 "output_tokens": 20, "device_s": 0.01, "cost_usd": 0.0001, "price_version": "p1", "strategy": "s",
             }, separators=(",", ":")).encode())
@@ -96,7 +97,7 @@ def _produce(args: tuple[str, str, int, float, int, str]) -> tuple[int, float]:
             producer.poll(0)
         time.sleep(0.002)
     flush()
-    return sent, time.process_time()
+    return sent, time.process_time() - cpu_at_start
 
 
 def main() -> None:
@@ -109,6 +110,8 @@ def main() -> None:
                         help="producer library of the load generators (kafka-python tops out near 30 k/s per "
                              "process idle, far less on a loaded box)")
     parser.add_argument("--heap", default="-Xmx1g", help="JVM_ARGS of the Flink job")
+    parser.add_argument("--warmup", type=float, default=30.0,
+                        help="seconds of the same traffic (another experiment) before the clock starts")
     args = parser.parse_args()
 
     from ablab.streaming.flink.harness import FlinkProcess, PipelineTopics, job_config, wait_for
@@ -137,11 +140,19 @@ def main() -> None:
     try:
         wait_for(lambda: bool(list((workdir / "ckpt").glob("*/chk-*"))), timeout_s=300,
                  what="the job's first checkpoint")  # the mini-cluster runs before the clock does
-        started = time.monotonic()
-        jvm_before, own_before = _jvm_cpu_seconds(), time.process_time()
         with multiprocessing.Pool(args.producers) as pool:
-            produced = pool.map(_produce, [(bootstrap, topics.inference, args.rate, args.duration, seed, args.client)
-                                           for seed in range(args.producers)])
+            if args.warmup > 0:
+                # The same traffic in another experiment first, so that the JVMs' JIT compilation and
+                # class loading (about a core for the first minute) are not in the figures below.
+                warm = sum(n for n, _ in pool.map(_produce, [
+                    (bootstrap, topics.inference, args.rate, args.warmup, 100 + seed, args.client, "warmup")
+                    for seed in range(args.producers)]))
+                wait_for(lambda: store.query("SELECT count() FROM raw_events WHERE experiment = 'warmup'")
+                         .result_rows[0][0] >= warm, timeout_s=600, what="the warm-up traffic loaded")
+            started = time.monotonic()
+            jvm_before, own_before = _jvm_cpu_seconds(), time.process_time()
+            produced = pool.map(_produce, [(bootstrap, topics.inference, args.rate, args.duration, seed, args.client,
+                                            "live") for seed in range(args.producers)])
         sent, producer_cpu = sum(n for n, _ in produced), sum(cpu for _, cpu in produced)
         load_sending = os.getloadavg()[0]
         send_s = time.monotonic() - started

@@ -72,3 +72,23 @@ def test_resume_picks_the_newest_completed_checkpoint(tmp_path):
     assert conf["pipeline.jars"] == "file:///x/c.jar"
     fresh = job.flink_configuration(JobConfig(checkpoint_dir=tmp_path, restore=False), connector_jar=None)
     assert "execution.state-recovery.path" not in fresh
+
+
+def test_a_live_job_logs_state_changes_next_to_its_checkpoints_and_a_replay_does_not(tmp_path):
+    live = job.flink_configuration(JobConfig(checkpoint_dir=tmp_path / "ckpt"), connector_jar=None)
+    assert live["state.changelog.enabled"] == "true"
+    assert live["state.changelog.dstl.dfs.base-path"] == (tmp_path / "ckpt" / "changelog").resolve().as_uri()
+    replay = job.flink_configuration(JobConfig(checkpoint_dir=tmp_path / "ckpt", bounded=True), connector_jar=None)
+    assert not any(key.startswith("state.changelog") for key in replay)
+    # Without a checkpoint directory the cluster's own configuration decides.
+    assert not any(key.startswith("state.changelog") for key in job.flink_configuration(JobConfig(), connector_jar=None))
+    # Resuming claims the retained checkpoint (the changelog backend cannot take the full
+    # first snapshot that NO_CLAIM asks for).
+    (tmp_path / "ckpt" / "j1" / "chk-4").mkdir(parents=True)
+    (tmp_path / "ckpt" / "j1" / "chk-4" / "_metadata").write_bytes(b"")
+    resumed = job.flink_configuration(JobConfig(checkpoint_dir=tmp_path / "ckpt"), connector_jar=None)
+    assert resumed["execution.state-recovery.claim-mode"] == "CLAIM"
+    assert resumed["execution.state-recovery.path"].endswith("/chk-4")
+    # The changelog folder is not mistaken for a checkpoint to resume from.
+    (tmp_path / "ckpt" / "changelog" / "job" / "dstl").mkdir(parents=True)
+    assert job.latest_checkpoint(tmp_path / "ckpt") == tmp_path / "ckpt" / "j1" / "chk-4"

@@ -42,6 +42,14 @@ _INFERENCE = """
 """
 
 
+# The requests of the windows window_rows reads: the same range, so the RUM and label joins
+# do not scan the experiment's whole history for a short time series.
+_INFERENCE_IN_RANGE = _INFERENCE + """
+      AND toStartOfInterval(ts, INTERVAL 10 SECOND) >= {start:DateTime64(3, 'UTC')}
+      AND toStartOfInterval(ts, INTERVAL 10 SECOND) < {end:DateTime64(3, 'UTC')}
+"""
+
+
 def _rows(client: "Client", sql: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
     result = client.query(sql, parameters=parameters)
     return [dict(zip(result.column_names, row)) for row in result.result_rows]
@@ -112,13 +120,13 @@ def window_rows(
             SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
                    count() AS n, sum(c.e2e_ms) AS e2e_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_sumsq,
                    quantileExactInclusive(0.95)(c.e2e_ms) AS e2e_p95
-            FROM ({_INFERENCE}) AS i INNER JOIN ({_RUM}) AS c ON c.trace_id = i.trace_id
+            FROM ({_INFERENCE_IN_RANGE}) AS i INNER JOIN ({_RUM}) AS c ON c.trace_id = i.trace_id
             GROUP BY variant, window_start
         ) AS r ON r.variant = w.variant AND r.window_start = w.window_start
         LEFT JOIN (
             SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
                    count() AS labeled, sum(l.label_correct) AS correct
-            FROM ({_INFERENCE}) AS i INNER JOIN ({_LABELS}) AS l ON l.trace_id = i.trace_id
+            FROM ({_INFERENCE_IN_RANGE}) AS i INNER JOIN ({_LABELS}) AS l ON l.trace_id = i.trace_id
             GROUP BY variant, window_start
         ) AS f ON f.variant = w.variant AND f.window_start = w.window_start
         ORDER BY window_start, variant

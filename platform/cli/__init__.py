@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "analysis",
     "dashboard",
     "stack",
+    "gateway",
 )
 
 app = typer.Typer(

@@ -106,7 +106,7 @@ class ScriptedBackend:
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 if not await self._respond(method, path, headers, body, writer):
                     break
-        except (asyncio.IncompleteReadError, ConnectionError):
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.CancelledError):
             pass
         finally:
             writer.close()

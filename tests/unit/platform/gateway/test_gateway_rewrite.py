@@ -89,3 +89,14 @@ def test_bad_settings_name_the_setting(data, message) -> None:
 def test_no_backends_says_what_to_do() -> None:
     with pytest.raises(GatewayConfigError, match="ABLAB_GATEWAY_BACKENDS"):
         load_settings(env={})
+
+
+def test_entropy_compression_with_the_in_repo_scorer() -> None:
+    pytest.importorskip("torch")
+    from ablab.platform.gateway.compression import compress
+
+    text = "Compute 12+34 and then 12+34 again, PLEASE!"
+    short = compress(text, 0.9, 8)
+    assert len(short) < len(text)  # the scorer finds some digits predictable
+    assert short.startswith("C") and short.endswith("PLEASE!")  # characters it does not know are kept
+    assert compress(text, 0.0, 8) == text  # tau 0 keeps everything

@@ -46,7 +46,8 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.deps 2>/dev/null)" != "$deps" ];
   echo "$(site_of "$deps/bin/python")" > "$(site_of .venv/bin/python)/_ablab_deps.pth"
   echo "$deps" > .venv/.deps
 fi
-# Always re-point the editable install at this checkout (cheap).
+# Always re-point the editable install at this checkout (cheap). requirements.lock is the
+# resolution of ablab[all,test,bench], so the deps venv already holds every extra.
 log=$(mktemp)
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e . >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; exit 1; }
 rm -f "$log"

@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "analysis",
     "dashboard",
     "stack",
+    "gateway",
 )
 
 app = typer.Typer(

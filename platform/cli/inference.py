@@ -184,7 +184,28 @@ def labeler(
         console.print(f"offered {lab.offered}, sampled {lab.sampled}, emitted {lab.emitted}, pending {len(lab.pending)}")
 
 
+def llm(
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8081, min=1, max=65535, help="Clients (or `ablab gateway`) use http://HOST:PORT/v1."),
+    threads: int = typer.Option(1, min=1, help="llama.cpp threads."),
+) -> None:
+    """Serve SmolLM2-135M-Instruct with llama.cpp's OpenAI-compatible server (model `smollm2`);
+    waits for the llama-cpp-python wheel build first, showing its progress."""
+    import os
+
+    from ablab.inference import llamacpp
+
+    try:
+        llamacpp.wait_installed(report=lambda message: console.print(f"waiting: {message}"))
+        argv = llamacpp.server_argv(port=port, host=host, threads=threads)
+    except llamacpp.BackendUnavailable as exc:
+        fail(str(exc), hint="bash scripts/llm.sh status")
+    console.print(f"[green]SmolLM2[/] on http://{host}:{port}/v1 (llama_cpp.server, model {llamacpp.MODEL_ALIAS!r})")
+    os.execv(argv[0], argv)  # the server becomes this process: the supervisor's pid and signals reach it
+
+
 def register(app: typer.Typer) -> None:
+    app.command("llm")(llm)
     app.command("train")(train)
     app.command("worker")(worker)
     app.command("traffic")(traffic)

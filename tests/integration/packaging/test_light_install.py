@@ -77,3 +77,48 @@ def test_cli_runs_and_names_the_extra_a_command_needs(light_venv: Path) -> None:
     worker = _run([ablab, "worker", "--port", "1"])  # the torch runtime is an extra
     assert worker.returncode == 1
     assert "ablab[inference]" in worker.stderr.replace("\n", " "), worker.stderr
+
+
+def test_light_gateway_serves_a_real_llm(light_venv: Path, tmp_path: Path) -> None:
+    """`ablab gateway` from the light install in front of SmolLM2 (llama_cpp.server), driven by
+    the official openai client, streaming and not."""
+    import json
+    import os
+
+    import httpx
+    import openai
+    from ablab_testing import free_port
+
+    from ablab.inference import llamacpp
+
+    backend = llamacpp.start_server(port=free_port(), log=tmp_path / "llm.log")
+    port = free_port()
+    env = {**os.environ, "ABLAB_HOME": str(tmp_path / "home"),
+           "ABLAB_GATEWAY_BACKENDS": json.dumps({"smollm2": {"url": f"{backend.url}/v1", "kind": "llamacpp"}})}
+    env.pop("ABLAB_SDK_TOKEN", None)
+    gateway = subprocess.Popen([str(light_venv / "bin" / "ablab"), "gateway", "--port", str(port)], env=env,
+                               stdout=(tmp_path / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(600):
+            assert gateway.poll() is None, (tmp_path / "gateway.log").read_text()
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            import time
+
+            time.sleep(0.1)
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "What is the capital of France?"}]
+        raw = client.chat.completions.with_raw_response.create(model="smollm2", messages=messages, max_tokens=8)
+        reply = raw.parse()
+        assert raw.headers.get("x-ablab-trace-id") and reply.usage.completion_tokens >= 1
+        assert reply.choices[0].message.content
+        chunks = list(client.chat.completions.create(model="smollm2", messages=messages, max_tokens=8, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    finally:
+        gateway.terminate()
+        gateway.wait(10)
+        backend.stop()

@@ -19,7 +19,7 @@ from ablab_testing import ABLAB, server_ports
 
 import subprocess
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 
 
 def _port_free(port: int) -> bool:

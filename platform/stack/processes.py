@@ -30,6 +30,9 @@ class Service:
     # Services such as the Kafka broker manage their own process: start and stop commands.
     stop_argv: list[str] | None = None
     detaches: bool = False
+    # Started without waiting for health: it joins when ready (the SmolLM2 backend waits for
+    # its wheel build); `ablab status` shows its progress.
+    background: bool = False
 
 
 def http_ok(url: str) -> Callable[[], bool]:
@@ -98,7 +101,7 @@ class Supervisor:
         if service.detaches:
             if service.health():
                 return "reused"
-        elif (pid := self.pid(service.name)) is not None and self._await_running(service, pid):
+        elif (pid := self.pid(service.name)) is not None and (service.background or self._await_running(service, pid)):
             return "reused"
         log = open(self.log_dir / f"{service.name}.log", "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, **service.env}
@@ -113,7 +116,7 @@ class Supervisor:
         else:
             self.pidfile(service.name).write_text(str(process.pid))
             self._children[service.name] = process
-        deadline = time.monotonic() + service.start_timeout_s
+        deadline = time.monotonic() + (5.0 if service.background else service.start_timeout_s)
         while time.monotonic() < deadline:
             if service.health():
                 return "started"
@@ -122,6 +125,8 @@ class Supervisor:
                     f"{service.name} exited with {process.returncode}; last lines of its log:\n" + self.tail(service.name)
                 )
             time.sleep(0.5)
+        if service.background:
+            return "started; joins when ready (`ablab status`)"
         raise RuntimeError(f"{service.name} did not become healthy in {service.start_timeout_s:.0f} s:\n" + self.tail(service.name))
 
     def _await_running(self, service: Service, pid: int) -> bool:

@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from ablab.platform.gateway import protocol
+from ablab.platform.gateway.emit import event_unit_id
 from ablab.platform.gateway.metering import Measurement, exposure_event, inference_event, strategy_id
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
 from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems, torch_available
@@ -339,8 +340,6 @@ class _Call:
             st.metrics.ttft.labels(name).observe(first - self.start)
         events: list[dict[str, Any]] = []
         first_event = None
-        from ablab.platform.gateway.emit import event_unit_id
-
         unit_id = event_unit_id(self.unit) if self.plan.assignments else ""
         for experiment, variant in self.plan.assignments:
             common = {"ts": self.ts, "trace_id": self.trace_id, "experiment": experiment, "variant": variant, "unit_id": unit_id}

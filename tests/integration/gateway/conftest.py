@@ -1,0 +1,98 @@
+"""Helpers for the gateway's integration tests: the real API (real Kafka, chDB), a running
+`ablab gateway` subprocess in front of a real backend, and the gateway's outbox."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ABLAB = str(Path(sys.executable).with_name("ablab"))
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text()[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # poll interval while the process starts
+    raise RuntimeError(f"{url} did not come up:\n{log.read_text()[-4000:]}")
+
+
+def start_gateway(api, home: Path, config: str, port: int) -> subprocess.Popen:
+    path = home / "gateway.yaml"
+    path.write_text(config)
+    log = home / "gateway.log"
+    env = {**os.environ, "ABLAB_HOME": str(home), "ABLAB_SDK_TOKEN": api.tokens["sdk"], "ABLAB_API_URL": api.base_url}
+    proc = subprocess.Popen([ABLAB, "gateway", "--config", str(path), "--port", str(port), "--refresh-s", "1"],
+                            env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
+    return proc
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    for p in reversed(procs):
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def create_experiment(api, key: str, variants: dict[str, dict]) -> None:
+    with api.client("editor") as c:
+        r = c.post("/v1/experiments", json={"key": key, "name": key, "traffic": 1, "control": next(iter(variants)),
+                                            "variants": [{"key": k, "weight": 1, "strategy": s} for k, s in variants.items()]})
+        assert r.status_code == 201, r.text
+        c.post(f"/v1/experiments/{key}/start").raise_for_status()
+
+
+def pick_units(api, key: str, *, per_variant: int, variants=("a", "b")) -> list[str]:
+    """Units the API assigns to each variant (so every variant is exercised, deterministically)."""
+    chosen: dict[str, list[str]] = {v: [] for v in variants}
+    with api.client("sdk") as c:
+        for i in range(400):
+            got = c.post("/v1/assign", json={"unit_id": f"user-{i}"}).json()["assignments"]
+            variant = next(a["variant"] for a in got if a["experiment"] == key)
+            if len(chosen[variant]) < per_variant:
+                chosen[variant].append(f"user-{i}")
+            if all(len(v) == per_variant for v in chosen.values()):
+                break
+    return [u for group in zip(*chosen.values()) for u in group]
+
+
+def outbox_events(home: Path) -> list[dict]:
+    out = []
+    for path in sorted((home / "gateway-outbox").glob("*.jsonl")):
+        out.extend(json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return out
+
+
+def wait_results(api, key: str, *, requests: int, labeled_variants=("a", "b"), timeout: float = 180) -> dict:
+    """`/results` once ClickHouse holds `requests` inference rows and a label per variant."""
+    deadline = time.monotonic() + timeout
+    result: dict = {}
+    with api.client("viewer") as c:
+        while time.monotonic() < deadline:
+            r = c.get(f"/v1/experiments/{key}/results")
+            if r.status_code == 200:
+                result = r.json()
+                n = {m["variant"]: m["n"] for m in result["metrics"] if m["metric"] == "accuracy"}
+                rows = sum(m["n"] for m in result["metrics"] if m["metric"] == "e2e_ms")
+                if all(n.get(v, 0) >= 1 for v in labeled_variants) and rows >= requests:
+                    return {(m["metric"], m["variant"]): m for m in result["metrics"]}
+            time.sleep(1)  # poll interval: the loader commits every few seconds
+    pytest.fail(f"results never showed {requests} requests and labels: {result}\n"
+                f"API log:\n{(api.home / 'api.log').read_text(errors='replace')[-4000:]}")

@@ -225,7 +225,8 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16, help="Content chunks per scripted answer.")
     ap.add_argument("--throughput-requests", type=int, default=2000)
     ap.add_argument("--llama", action="store_true", help="Also measure in front of llama_cpp.server with SmolLM2.")
-    ap.add_argument("--llama-requests", type=int, default=32)
+    ap.add_argument("--llama-levels", default="1,16")
+    ap.add_argument("--llama-requests", type=int, default=16)
     ap.add_argument("--llama-max-tokens", type=int, default=8)
     ap.add_argument("--json", type=Path, help="Write all figures here.")
     args = ap.parse_args()
@@ -283,7 +284,7 @@ def main() -> None:
                 targets = backend_and_proxies(f"http://127.0.0.1:{lp}/v1", "llama")
                 targets.pop("_gw_pid")
                 out["llama"] = {}
-                for c in levels:
+                for c in [int(x) for x in args.llama_levels.split(",")]:
                     res = asyncio.run(level(targets, "smollm2", c, max(args.llama_requests, c), 1, args.llama_max_tokens))
                     out["llama"][c] = report(f"llama.cpp SmolLM2-135M, {c} concurrent streams (max_tokens {args.llama_max_tokens})", res)
     finally:

@@ -8,7 +8,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import httpx
 import orjson
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -18,22 +17,15 @@ from starlette.routing import Route
 from ablab.platform.gateway.observe import GatewayMetrics, tracer
 from ablab.platform.gateway.serving import GatewayState, ServingChat, ServingCompletion, list_models
 from ablab.platform.gateway.settings import GatewaySettings
+from ablab.platform.gateway.upstream import upstream_pools
 
 log = logging.getLogger(__name__)
-
-
-def _clients(settings: GatewaySettings) -> dict[str, httpx.AsyncClient]:
-    limits = httpx.Limits(max_connections=2048, max_keepalive_connections=512, keepalive_expiry=30.0)
-    return {
-        name: httpx.AsyncClient(timeout=httpx.Timeout(b.timeout_s, connect=min(10.0, b.timeout_s)), limits=limits)
-        for name, b in settings.backends.items()
-    }
 
 
 def build_state(settings: GatewaySettings, *, sdk: Any = None) -> GatewayState:
     """Everything a running gateway holds. ``sdk`` (an ``AblabClient``) may be given (tests);
     else one is started when a token is configured."""
-    state = GatewayState(settings=settings, clients=_clients(settings), metrics=GatewayMetrics(), tracer=tracer())
+    state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer())
     if sdk is None and settings.token:
         from ablab.platform.sdk import AblabClient
 

@@ -33,6 +33,7 @@ from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strate
 from ablab.platform.gateway.settings import Backend, GatewaySettings
 from ablab.platform.gateway.stream import StreamMeter
 from ablab.platform.gateway.translators import translator_for
+from ablab.platform.gateway.upstream import UpstreamPool
 
 log = logging.getLogger(__name__)
 _UNIT_HEADER = "x-ablab-unit"
@@ -56,7 +57,7 @@ NO_PLAN = Plan((), {}, "default", ())
 @dataclass
 class GatewayState:
     settings: GatewaySettings
-    clients: dict[str, httpx.AsyncClient]
+    clients: dict[str, UpstreamPool]
     metrics: GatewayMetrics
     sdk: Any = None  # AblabClient
     outbox: Any = None  # emit.Outbox
@@ -164,7 +165,7 @@ class OpenAIServing:
             up_headers["authorization"] = f"Bearer {key}"
         elif auth := headers.get("authorization"):
             up_headers["authorization"] = auth  # a pass-through key meant for the backend
-        client = st.clients[backend.name]
+        client = st.clients[backend.name].client()
         req = client.build_request("POST", backend.url + self.endpoint, content=content, headers=up_headers)
         call.enter()
         try:
@@ -368,7 +369,7 @@ async def list_models(state: GatewayState) -> Response:
     async def one(backend: Backend) -> list[dict[str, Any]]:
         headers = {"authorization": f"Bearer {k}"} if (k := backend.api_key()) else {}
         try:
-            r = await state.clients[backend.name].get(backend.url + "/models", headers=headers, timeout=5.0)
+            r = await state.clients[backend.name].client().get(backend.url + "/models", headers=headers, timeout=5.0)
             data = r.json().get("data") if r.status_code == 200 else None
         except (httpx.HTTPError, ValueError, AttributeError):
             return []

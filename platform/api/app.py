@@ -273,6 +273,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
     for module in (assign, health, experiments, layers, keys, results, ingest):
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
+    ingest.install_openapi(app)
     # Outermost last: the metrics middleware also sees the body limit's 413/408 answers.
     app.add_middleware(_BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)
     app.add_middleware(_MetricsMiddleware)

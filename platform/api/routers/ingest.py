@@ -39,11 +39,55 @@ async def _run(call: Any, **kwargs: Any) -> JSONResponse:
 
 
 _TITLES = {400: "Bad request", 401: "Unauthorized", 409: "Conflict", 413: "Payload too large"}
-_BODY = {"requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}, "required": True}}
 _ERRORS: tuple[type[AblabError], ...] = (AblabError, PayloadTooLarge, RequestTimeout, Unavailable)
+_REF = "#/components/schemas/"
 
 
-@router.post("/events", status_code=202, responses=responses(*_ERRORS), openapi_extra=_BODY)
+def _body(schema_name: str, list_key: str) -> dict[str, Any]:
+    """One item, a list of items, or ``{list_key: [...]}``: what the ingest accepts (published
+    so clients and the API fuzz test see the real event shapes)."""
+    item = {"$ref": _REF + schema_name}
+    batch = {"type": "array", "items": item, "maxItems": 1000}
+    wrapped = {"type": "object", "properties": {list_key: batch}, "required": [list_key], "additionalProperties": False}
+    schema = {"anyOf": [item, batch, wrapped]}
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}
+
+
+def _components() -> dict[str, Any]:
+    """The event models' JSON Schemas as OpenAPI components, plus the label and billing record shapes."""
+    import json
+
+    from ablab.streaming.events import json_schemas
+
+    union = json.loads(json.dumps(json_schemas()["event"]).replace("#/$defs/", _REF))
+    components: dict[str, Any] = union.pop("$defs")
+    components["Event"] = {k: v for k, v in union.items() if not k.startswith("$")}
+
+    def relaxed(name: str, optional: set[str], extra: dict[str, Any]) -> dict[str, Any]:
+        schema = json.loads(json.dumps(components[name]))
+        schema["required"] = [f for f in schema.get("required", []) if f not in optional]
+        schema["properties"].update(extra)
+        return schema
+
+    components["Label"] = relaxed("FeedbackEvent", {"type", "ts"}, {})
+    components["BillingRecord"] = relaxed("CostEvent", {"type", "ts"}, {"id": {"type": "string", "maxLength": 128}})
+    return components
+
+
+def install_openapi(app: Any) -> None:
+    """Add the event shapes the ingestion routes' request bodies refer to."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(_components())
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+@router.post("/events", status_code=202, responses=responses(*_ERRORS), openapi_extra=_body("Event", "events"))
 async def post_events(request: Request, state: StateDep, _: Sdk) -> JSONResponse:
     """A batch of events (`{"events": [...]}`, a list, or one event) → Kafka; 202 with counts."""
     from ablab.streaming.ingest import ingest_events
@@ -54,7 +98,7 @@ async def post_events(request: Request, state: StateDep, _: Sdk) -> JSONResponse
                       variants_of=pipeline.variants_of, limits=pipeline.limits)
 
 
-@router.post("/feedback", status_code=202, responses=responses(*_ERRORS), openapi_extra=_BODY)
+@router.post("/feedback", status_code=202, responses=responses(*_ERRORS), openapi_extra=_body("Label", "labels"))
 async def post_feedback(request: Request, state: StateDep, _: Sdk) -> JSONResponse:
     """Labels `{trace_id, correct?, score?, source}` (one, a list, or `{"labels": [...]}`)."""
     from ablab.streaming.ingest import ingest_feedback
@@ -66,7 +110,7 @@ async def post_feedback(request: Request, state: StateDep, _: Sdk) -> JSONRespon
 
 
 @router.post("/webhooks/billing", status_code=202, responses=responses(*_ERRORS, Unauthorized, Conflict),
-             openapi_extra=_BODY)
+             openapi_extra=_body("BillingRecord", "records"))
 async def post_billing(
     request: Request,
     state: StateDep,

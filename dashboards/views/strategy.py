@@ -137,7 +137,7 @@ def factors_panel(ctx: Context, items: list[dict[str, Any]]) -> None:
         if default.strip():
             body["default"] = forms.parse_rule_value(default, "eq") if kind != "string" else default.strip()
         body["description"] = st.text_input("Description", key="factor_description").strip()
-        for field in ("name", "type", "values", "min", "max", "default", "description", "form"):
+        for field in ("name", "type", "values", "min", "max", "default", "description", "body", "form"):
             field_error(errors, field)
         if st.button("Declare factor", key="factor_submit"):
             try:

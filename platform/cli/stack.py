@@ -187,7 +187,9 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
     out.print(f"ablab is up: API http://{settings.api_host}:{settings.api_port}/docs · "
               f"dashboard http://127.0.0.1:{settings.dashboard_port} · logs {supervisor.log_dir}")
     if tokens:
-        out.print(f"demo experiment 'demo-serving' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+        out.print(f"demo experiments 'demo-serving' and '{LLM_EXPERIMENT}' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+        out.print(f"gateway (OpenAI-compatible) http://127.0.0.1:{settings.demo_gateway_port}/v1 · SmolLM2 joins when its "
+                  "wheel is built (`ablab status` shows the progress)")
 
 
 def down() -> None:

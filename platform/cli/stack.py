@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -181,7 +182,7 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
             except RuntimeError as exc:
                 progress.stop()
                 fail(str(exc), hint="`ablab status` shows what runs; `ablab down` stops it; logs are in " + str(supervisor.log_dir))
-            progress.update(task, description=f"[green]{service.name}[/] {result}", completed=1, total=1)
+            progress.update(task, description=f"[green]{service.name}[/] {escape(result)}", completed=1, total=1)
             if demo and service.name == "api":
                 _apply_demo(settings, tokens or {})
     out.print(f"ablab is up: API http://{settings.api_host}:{settings.api_port}/docs · "

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -181,13 +182,15 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
             except RuntimeError as exc:
                 progress.stop()
                 fail(str(exc), hint="`ablab status` shows what runs; `ablab down` stops it; logs are in " + str(supervisor.log_dir))
-            progress.update(task, description=f"[green]{service.name}[/] {result}", completed=1, total=1)
+            progress.update(task, description=f"[green]{service.name}[/] {escape(result)}", completed=1, total=1)
             if demo and service.name == "api":
                 _apply_demo(settings, tokens or {})
     out.print(f"ablab is up: API http://{settings.api_host}:{settings.api_port}/docs · "
               f"dashboard http://127.0.0.1:{settings.dashboard_port} · logs {supervisor.log_dir}")
     if tokens:
-        out.print(f"demo experiment 'demo-serving' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+        out.print(f"demo experiments 'demo-serving' and '{LLM_EXPERIMENT}' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+        out.print(f"gateway (OpenAI-compatible) http://127.0.0.1:{settings.demo_gateway_port}/v1 · SmolLM2 joins when its "
+                  "wheel is built (`ablab status` shows the progress)")
 
 
 def down() -> None:

@@ -31,8 +31,11 @@ class FactorUpdate(BaseModel):
         for bound in (self.min, self.max):
             if bound is not None and not math.isfinite(bound):
                 raise ValueError("min and max must be finite numbers")
-        if any(isinstance(v, str) and len(v) > 1000 for v in self.values or ()):
-            raise ValueError("enum levels are at most 1000 characters")
+        for level in [*(self.values or ()), self.default]:
+            if isinstance(level, float) and not math.isfinite(level):
+                raise ValueError(f"{level} is not a level: levels are finite numbers, text or booleans")
+            if isinstance(level, str) and len(level) > 1000:
+                raise ValueError("levels are at most 1000 characters")
         problems = definition_problems(self.definition(getattr(self, "name", None) or "factor"))
         if problems:
             raise ValueError("; ".join(problems))

@@ -110,9 +110,8 @@ def check_strategies(session: Session, variants: Sequence[Any] | None) -> None:
         strategy: OpenStrategy = v.strategy
         problems = factors.problems(strategy)
         if problems:
-            name, _ = problems[0]
-            raise Invalid(f"variant '{v.key}': " + "; ".join(message for _, message in problems),
-                          field=f"variants.{i}.strategy.{name}")
+            field = f"variants.{i}.strategy.{problems[0][0]}"
+            raise Invalid(f"{field}: " + "; ".join(message for _, message in problems), field=field)
 
 
 def with_declared_defaults(session: Session, exp: Any) -> Any:

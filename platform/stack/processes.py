@@ -30,8 +30,9 @@ class Service:
     # Services such as the Kafka broker manage their own process: start and stop commands.
     stop_argv: list[str] | None = None
     detaches: bool = False
-    # Started without waiting for health: it joins when ready (the SmolLM2 backend waits for
-    # its wheel build); `ablab status` shows its progress.
+    # Optional and started without waiting for health: it joins when ready (the SmolLM2
+    # backend waits for its wheel build; `ablab status` shows the progress), and if it
+    # cannot run at all the rest of the stack still comes up.
     background: bool = False
 
 
@@ -121,6 +122,9 @@ class Supervisor:
             if service.health():
                 return "started"
             if not service.detaches and process.poll() is not None:
+                if service.background:  # optional: the rest of the stack runs without it
+                    last = self.tail(service.name, 1).strip()
+                    return f"not running (exit {process.returncode}): {last}"
                 raise RuntimeError(
                     f"{service.name} exited with {process.returncode}; last lines of its log:\n" + self.tail(service.name)
                 )

@@ -117,3 +117,25 @@ def test_update_is_validated_and_factor_changes_respect_live_experiments(api_ser
         assert r.status_code == 200 and r.json()["values"] == ["vllm", "sglang", "tgi", "trtllm"]
         assert c.get("/v1/factors/engine").json()["allowed"] == "one of 'vllm', 'sglang', 'tgi', 'trtllm'"
         assert c.get("/v1/factors/no_such").status_code == 404
+
+
+def test_attribution_reads_declared_defaults_from_the_database(api_server, declared) -> None:
+    from ablab.platform.analytics.service import stats_spec
+    from ablab.platform.factors import service as factors
+    from ablab.platform.registry import service as registry
+    from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
+    from ablab.platform.stats.attribution import strategy_levels
+
+    key = _key()
+    with api_server.client("editor") as c:
+        c.post("/v1/experiments", json=_experiment(key, {"engine": "sglang", "params": {"temperature": 0.9}},
+                                                   {"params": {"temperature": 0.2}})).raise_for_status()
+    engine = make_engine(api_server.database_url)
+    try:
+        with transaction(make_sessionmaker(engine)) as session:
+            exp = factors.with_declared_defaults(session, registry.to_read(registry.get_experiment(session, key)))
+    finally:
+        engine.dispose()
+    levels = strategy_levels(stats_spec(exp))
+    assert (levels["a"]["engine"], levels["b"]["engine"]) == ("vllm", "sglang")  # a leaves it out: the default
+    assert (levels["a"]["params.temperature"], levels["b"]["params.temperature"]) == (0.2, 0.9)

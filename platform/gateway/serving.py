@@ -38,7 +38,8 @@ from ablab.platform.gateway.upstream import UpstreamPool
 log = logging.getLogger(__name__)
 _UNIT_HEADER = "x-ablab-unit"
 _ATTR_PREFIX = "x-ablab-attr-"
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"})
+# Not copied from the backend's response: framing (the server sets its own) and the headers uvicorn adds.
+_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date", "server"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +158,8 @@ class OpenAIServing:
         upstream = translator.upstream_body(upstream if upstream is not body else dict(body), stream=stream) if stream else upstream
         content = raw if before else orjson.dumps(upstream)
         call.model = upstream.get("model") if isinstance(upstream.get("model"), str) else None
-        up_headers = {"content-type": "application/json", "x-request-id": trace_id}
+        # identity: stream bytes are relayed raw, so they must not arrive compressed
+        up_headers = {"content-type": "application/json", "accept-encoding": "identity", "x-request-id": trace_id}
         if plan.assignments:
             up_headers["x-ablab-experiment"] = out_headers["x-ablab-experiment"]
             up_headers["x-ablab-variant"] = out_headers["x-ablab-variant"]

@@ -58,10 +58,14 @@ def test_gateway_in_front_of_the_in_repo_worker(stack) -> None:
         expected[raw.headers["x-ablab-trace-id"]] = {"variant": raw.headers["x-ablab-variant"], "out": resp.usage.completion_tokens,
                                                      "prompt": resp.usage.prompt_tokens}
         with client.chat.completions.with_streaming_response.create(
-                model="ablab-tiny", messages=MSGS, max_tokens=8, stream=True, extra_headers={"X-Ablab-Unit": unit}) as s:
+                model="ablab-tiny", messages=MSGS, max_tokens=8, stream=True, stream_options={"include_usage": True},
+                extra_headers={"X-Ablab-Unit": unit}) as s:
             assert s.headers["x-ablab-variant"] == raw.headers["x-ablab-variant"]  # sticky
-            pieces = [c.choices[0].delta.content for c in s.parse() if c.choices and c.choices[0].delta.content]
-            expected[s.headers["x-ablab-trace-id"]] = {"variant": s.headers["x-ablab-variant"], "out": len(pieces), "prompt": None}
+            chunks = list(s.parse())
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            usage = chunks[-1].usage  # asked for: the gateway keeps the backend's usage chunk
+            expected[s.headers["x-ablab-trace-id"]] = {"variant": s.headers["x-ablab-variant"],
+                                                       "out": usage.completion_tokens, "prompt": usage.prompt_tokens}
     assert [expected[t]["variant"] for t in list(expected)[::2]] == ["ab"[i % 2] for i in range(len(units))]
     outs = {v: [e["out"] for e in expected.values() if e["variant"] == v] for v in "ab"}
     assert max(outs["b"]) == 1 < min(outs["a"])  # b's params.max_tokens reached the worker

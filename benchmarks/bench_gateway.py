@@ -149,7 +149,8 @@ async def level(targets: dict[str, str], model: str, concurrency: int, requests:
     import httpx
 
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
-    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    # The client drops idle connections before uvicorn's 5 s keep-alive timeout can race a reuse.
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for name, url in targets.items():  # warm-up: connections, JITs, caches
             await asyncio.gather(*(one(client, url, model, f"w{i}", max_tokens) for i in range(min(concurrency, 8))))
@@ -202,7 +203,8 @@ def cpu_seconds(pid: int) -> float:
 async def throughput(url: str, pid: int, concurrency: int, requests: int) -> tuple[float, float, float]:
     import httpx
 
-    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency * 2)) as client:
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await asyncio.gather(*(one(client, url, "ok", f"w{i}", None) for i in range(concurrency)))
         cpu0, t0 = cpu_seconds(pid), time.perf_counter()
         queue = list(range(requests))

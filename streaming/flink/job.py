@@ -287,8 +287,12 @@ def _parse_args(argv: list[str]) -> JobConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = _parse_args(sys.argv[1:] if argv is None else argv)
-    submit(config, wait=True)
+    args = list(sys.argv[1:] if argv is None else argv)
+    # --detached: return once the job is submitted (`flink run --detached` to a session
+    # cluster, the operator's PythonDriver); the cluster runs it, not this process.
+    detached = "--detached" in args
+    config = _parse_args([a for a in args if a != "--detached"])
+    submit(config, wait=not detached)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 -- tests. Window: 10 s TUMBLE on event time. Late-data policy (also in job.py):
 --   * duplicates (same event_id, e.g. a producer retry or a spool replay) count once: the
 --     first arrival of each event_id is kept (Flink's deduplication, one flag of state per
---     event_id, kept for table.exec.state.ttl = JobConfig.dedup_ttl_s), before anything else;
+--     event_id, kept for table.exec.state.ttl = JobConfig.dedup_ttl_s), before any window;
 --   * an event is LATE when its ts is at or more than the out-of-orderness bound behind the
 --     largest ts read before it from the same Kafka partition (reproducible offline from each
 --     partition's order), OR when its ts is at or behind the current watermark (an event on
@@ -18,33 +18,40 @@
 -- every INSERT (sub-plan reuse), so each event crosses each keyed exchange once; mini-batch
 -- stays off because it makes the deduplication emit updates (retracting aggregates).
 
-CREATE TEMPORARY VIEW inference_first AS
-SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-       cost_usd, is_error, kafka_partition, arrival
+-- The late rule comes first, straight off the source: a keyed exchange by kafka_partition
+-- is one channel from the subtask that reads the partition, so the rule sees each
+-- partition in its Kafka order at any parallelism. (After the exchange by event_id of the
+-- de-duplication, a partition's events reach the rule over as many channels as there are
+-- subtasks, interleaved by network buffering: at parallelism 2 it called a third of an
+-- on-time stream late.) A duplicate carries its original's ts, which the partition has
+-- already seen, so it moves no partition's maximum: the flags equal the rule applied
+-- after de-duplication, as reference.late_ids computes it.
+-- seen_watermark: the partition's largest ts so far minus the bound (a plain timestamp,
+-- not an event-time attribute, hence the CAST).
+CREATE TEMPORARY VIEW inference_seen AS
+SELECT *,
+       ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
 FROM (
     SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
            cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, arrival,
-           ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
+           CAST(MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+                - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
     FROM inference_events
     WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
       AND experiment IS NOT NULL AND `variant` IS NOT NULL
       AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
       AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL
+);
+
+CREATE TEMPORARY VIEW inference_checked AS
+SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
+       cost_usd, is_error, kafka_partition, arrival, seen_watermark, is_late
+FROM (
+    SELECT *, ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
+    FROM inference_seen
 )
 WHERE arrival_rank = 1;
-
--- seen_watermark: the partition's largest ts so far minus the bound (a plain timestamp,
--- not an event-time attribute, hence the CAST).
-CREATE TEMPORARY VIEW inference_checked AS
-SELECT *,
-       ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
-FROM (
-    SELECT *,
-           CAST(MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
-                              ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
-                - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
-    FROM inference_first
-);
 
 CREATE TEMPORARY VIEW late_rows AS
 SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`,

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600
 
 
 def test_broker_and_taskmanager_killed_mid_stream_windows_stay_exact(tmp_path):
-    result = run_drill(workdir=tmp_path, windows=4, per_window=30, timeout_s=180, say=print)
+    result = run_drill(workdir=tmp_path, windows=4, per_window=30, timeout_s=180, say=lambda line: print(line, flush=True))
     print(result.timings)
     # The job really lost a TaskManager and came back from a checkpoint taken with a broker down.
     assert result.checkpoint_before_tm_kill is not None

@@ -13,6 +13,7 @@ from ablab.platform.api import problems
 from ablab.platform.api.routers import assign, experiments, health, ingest, keys, layers, results
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
+from ablab.platform.factors import router as factors_router
 from ablab.platform.registry.db import make_engine, make_sessionmaker
 
 # Components started with the app (loader, ingestion) register here: name → factory that
@@ -174,6 +175,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
     for module in (assign, health, experiments, layers, keys, results, ingest):
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
+    app.include_router(factors_router.router)
     app.add_middleware(_MetricsMiddleware)
     from ablab.platform import telemetry
 

@@ -77,7 +77,7 @@ def kafka_start(
                 status = start_broker(config=single, timeout_s=timeout_s)
             except (BrokerError, MissingToolError, TimeoutError) as exc:
                 fail(str(exc))
-        out.print(f"kafka running  pid={status.pid}  bootstrap={status.bootstrap}  dir={status.directory}")
+        out.print(f"kafka running  pid={status.pid}  bootstrap={status.bootstrap}  dir={status.directory}", soft_wrap=True)
         return
     try:
         config = ClusterConfig(directory=_kafka_dirs()[1], brokers=brokers, port=single.port, heap_mb=heap_mb or 320)
@@ -90,8 +90,8 @@ def kafka_start(
             fail(str(exc), hint="`ablab kafka status` shows which nodes run; their logs are under "
                  f"{config.directory}/node-*/logs")
     for node in cluster.nodes:
-        out.print(f"broker {node.directory.name}  pid={node.pid}  {node.bootstrap}")
-    out.print(f"kafka cluster running  brokers={cluster.running}  bootstrap={config.bootstrap}")
+        out.print(f"broker {node.directory.name}  pid={node.pid}  {node.bootstrap}", soft_wrap=True)
+    out.print(f"kafka cluster running  brokers={cluster.running}  bootstrap={config.bootstrap}", soft_wrap=True)
     console.print(f"[dim]clients use it with[/] export ABLAB_KAFKA_BOOTSTRAP={config.bootstrap}")
 
 
@@ -104,11 +104,11 @@ def kafka_stop(timeout_s: float = typer.Option(30.0, help="Seconds before SIGTER
     stopped = stop_broker(directory=single, timeout_s=timeout_s)
     nodes = stop_cluster(directory=cluster, timeout_s=timeout_s)
     if nodes:
-        out.print(f"kafka cluster stopped ({nodes} brokers)")
+        out.print(f"kafka cluster stopped ({nodes} brokers)", soft_wrap=True)
     if stopped:
-        out.print("kafka stopped")
+        out.print("kafka stopped", soft_wrap=True)
     if not stopped and not nodes:
-        out.print("kafka was not running")
+        out.print("kafka was not running", soft_wrap=True)
 
 
 @kafka_app.command("status")
@@ -120,14 +120,14 @@ def kafka_status() -> None:
     status = broker_status(directory=single)
     cluster = cluster_status(directory=cluster_dir)
     if status.running:
-        out.print(f"kafka running  pid={status.pid}  bootstrap={status.bootstrap}  dir={status.directory}")
+        out.print(f"kafka running  pid={status.pid}  bootstrap={status.bootstrap}  dir={status.directory}", soft_wrap=True)
     for node in cluster.nodes:
-        out.print(f"broker {node.directory.name}  " + (f"running  pid={node.pid}  {node.bootstrap}" if node.running else "down"))
+        out.print(f"broker {node.directory.name}  " + (f"running  pid={node.pid}  {node.bootstrap}" if node.running else "down"), soft_wrap=True)
     if cluster.nodes:
-        out.print(f"kafka cluster  {cluster.running}/{len(cluster.nodes)} brokers running  bootstrap={cluster.bootstrap}")
+        out.print(f"kafka cluster  {cluster.running}/{len(cluster.nodes)} brokers running  bootstrap={cluster.bootstrap}", soft_wrap=True)
     if not status.running and not cluster.running:
         if not cluster.nodes:
-            out.print("kafka not running")
+            out.print("kafka not running", soft_wrap=True)
         raise typer.Exit(1)
 
 
@@ -165,7 +165,7 @@ def flink_start(
         except (FlinkClusterError, MissingToolError) as exc:
             fail(str(exc), hint=f"logs are under {config.directory / 'logs'}")
     out.print(f"flink running  jobmanager pid={status.jobmanager}  taskmanagers={sum(p is not None for p in status.taskmanagers.values())}"
-              f"  rest={status.rest_url}  dir={status.directory}")
+              f"  rest={status.rest_url}  dir={status.directory}", soft_wrap=True)
     console.print(f"[dim]submit the window job with[/] ablab stream submit --cluster {status.rest_url}")
 
 
@@ -175,7 +175,7 @@ def flink_stop(timeout_s: float = typer.Option(30.0, help="Seconds before SIGTER
     from ablab.streaming.flink.cluster import stop_cluster
 
     stopped = stop_cluster(directory=_flink_dir(), timeout_s=timeout_s)
-    out.print(f"flink stopped ({stopped} JVMs)" if stopped else "flink was not running")
+    out.print(f"flink stopped ({stopped} JVMs)" if stopped else "flink was not running", soft_wrap=True)
 
 
 @flink_app.command("status")
@@ -186,17 +186,17 @@ def flink_status() -> None:
 
     status = cluster_status(directory=_flink_dir())
     if not status.running:
-        out.print("flink not running")
+        out.print("flink not running", soft_wrap=True)
         raise typer.Exit(1)
     for index, pid in status.taskmanagers.items():
-        out.print(f"taskmanager-{index}  " + (f"running  pid={pid}" if pid else "down"))
+        out.print(f"taskmanager-{index}  " + (f"running  pid={pid}" if pid else "down"), soft_wrap=True)
     try:
         overview = rest.get(status.rest_url or "", "/overview")
         summary = (f"taskmanagers={overview['taskmanagers']}  slots={overview['slots-available']}/{overview['slots-total']} free"
                    f"  jobs running={overview['jobs-running']}")
     except rest.RestError as exc:
         summary = f"REST API not answering yet ({exc})"
-    out.print(f"flink running  jobmanager pid={status.jobmanager}  rest={status.rest_url}  {summary}")
+    out.print(f"flink running  jobmanager pid={status.jobmanager}  rest={status.rest_url}  {summary}", soft_wrap=True)
 
 
 # --- the Flink window job and the Kafka → ClickHouse loader ---------------------------
@@ -273,7 +273,7 @@ def _submit_to_cluster(url: str, config, from_savepoint: Path | None) -> None:  
         except flink_cluster.FlinkClusterError as exc:
             fail(str(exc), hint="is the cluster up (`ablab flink status`) and Kafka reachable from it?")
     console.print(f"[green]submitted[/] checkpoints in {config.checkpoint_dir}; follow it with `ablab stream status --cluster {url}`")
-    out.print(job_id)
+    typer.echo(job_id)  # plain: scripts read the last line
 
 
 def _cluster_url(cluster: str | None) -> str:
@@ -321,14 +321,14 @@ def stream_status(cluster: str = _CLUSTER_OPTION, job: str = _JOB_OPTION,
     except rest.RestError as exc:
         fail(str(exc))
     if json_output:
-        out.print_json(json.dumps([s.as_dict() for s in statuses]))
+        typer.echo(json.dumps([s.as_dict() for s in statuses]))
         return
     if not statuses:
-        out.print(f"no jobs on {url}")
+        out.print(f"no jobs on {url}", soft_wrap=True)
     for s in statuses:
         restored = f"  restored from checkpoint {s.restored_checkpoint}" if s.restored_checkpoint is not None else ""
         out.print(f"{s.job_id}  {s.name}  {s.state}  tasks {s.running_tasks}/{s.total_tasks} running"
-                  f"  checkpoints {s.completed_checkpoints} (latest {s.latest_checkpoint}){restored}")
+                  f"  checkpoints {s.completed_checkpoints} (latest {s.latest_checkpoint}){restored}", soft_wrap=True)
 
 
 @stream_app.command("savepoint")
@@ -346,7 +346,7 @@ def stream_savepoint(cluster: str = _CLUSTER_OPTION, job: str = _JOB_OPTION,
                                            timeout_s=timeout_s)
         except rest.RestError as exc:
             fail(str(exc))
-    out.print(location)
+    typer.echo(location)  # plain and unwrapped: scripts read the path
 
 
 @stream_app.command("stop")
@@ -363,7 +363,7 @@ def stream_stop(cluster: str = _CLUSTER_OPTION, job: str = _JOB_OPTION,
     try:
         if not savepoint:
             rest.cancel(url, job_id)
-            out.print(f"{job_id} cancelled")
+            out.print(f"{job_id} cancelled", soft_wrap=True)
             return
         with console.status(f"stopping {job_id} with a savepoint…"):
             location = rest.wait_operation(url, job_id, rest.trigger_stop(url, job_id, target_dir=directory),
@@ -371,7 +371,7 @@ def stream_stop(cluster: str = _CLUSTER_OPTION, job: str = _JOB_OPTION,
     except rest.RestError as exc:
         fail(str(exc))
     console.print(f"{job_id} stopped; resume with `ablab stream submit --cluster {url} --from-savepoint {location}`")
-    out.print(location)
+    typer.echo(location)  # plain and unwrapped: scripts read the path
 
 
 def loader(

@@ -79,6 +79,16 @@ class JobConfig:
     """0 (default): a partition without records holds the watermark back. > 0 lets the job
     move on without an idle partition; that partition's next events may then be behind the
     watermark, and become late rows (the late-data policy above). Live submission uses 5 s."""
+    max_future_s: float = 300.0
+    """How far ahead of the processing clock an event time may be. Further ahead, the
+    record is rejected (the loader dead-letters it) and the watermark counts it as this far
+    ahead at most, so one bad clock cannot make a partition's later events late."""
+    max_latency_ms: float = 86_400_000.0
+    """Physical bounds (a latency within a day; cost and tokens below a sane ceiling): a
+    record outside them is rejected, not windowed. The edge refuses the same; these catch
+    producers that write to Kafka directly."""
+    max_cost_usd: float = 1_000_000.0
+    max_tokens: int = 10_000_000
     dedup_ttl_s: float = 600.0
     """How long the job remembers an event_id (Flink state TTL, processing time): a
     duplicate arriving later than this after the first copy is not recognised. One flag of
@@ -107,6 +117,8 @@ class JobConfig:
             )
         if self.idle_timeout_s < 0:
             raise JobConfigError(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
+        if self.max_future_s < 0 or self.max_latency_ms <= 0 or self.max_cost_usd <= 0 or self.max_tokens <= 0:
+            raise JobConfigError("max_future_s must be >= 0 and max_latency_ms, max_cost_usd, max_tokens > 0")
         if self.dedup_ttl_s <= 0:
             raise JobConfigError(f"dedup_ttl_s must be > 0, got {self.dedup_ttl_s}")
         if self.parallelism < 1:
@@ -119,11 +131,23 @@ class JobConfig:
             "windows_topic": self.windows_topic,
             "group_id": self.group_id,
             "out_of_orderness_s": f"{self.out_of_orderness_s:.3f}",
+            "max_future_s": f"{self.max_future_s:.0f}",
+            # SECOND intervals hold at most 99 s in Flink SQL; minutes of skew need DAY TO SECOND
+            "max_future_interval": _day_to_second(self.max_future_s),
+            "max_latency_ms": f"{self.max_latency_ms:.1f}",
+            "max_cost_usd": f"{self.max_cost_usd:.6f}",
+            "max_tokens": str(self.max_tokens),
             "bounded_mode": "latest-offset" if self.bounded else "unbounded",
             "delivery_guarantee": self.delivery_guarantee,
             "transactional_id_prefix": self.transactional_id_prefix,
             "transaction_timeout_ms": str(self.transaction_timeout_ms),
         }
+
+
+def _day_to_second(seconds: float) -> str:
+    whole, millis = divmod(round(seconds * 1000), 1000)
+    days, rest = divmod(whole, 86_400)
+    return f"{days} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}.{millis:03d}"
 
 
 def render(sql: str, parameters: dict[str, str]) -> str:

@@ -1,5 +1,7 @@
 -- The transformation, kept apart from sources and sinks so it runs on bounded input in
 -- tests. Window: 10 s TUMBLE on event time. Late-data policy (also in job.py):
+--   * records out of bounds (an event time beyond max_future_s, a value out of physical
+--     bounds) are rejected first (rejected_rows) and never reach a window or a watermark;
 --   * duplicates (same event_id, e.g. a producer retry or a spool replay) count once: the
 --     first arrival of each event_id is kept (Flink's deduplication, one flag of state per
 --     event_id, kept for table.exec.state.ttl = JobConfig.dedup_ttl_s), before anything else;
@@ -18,6 +20,41 @@
 -- every INSERT (sub-plan reuse), so each event crosses each keyed exchange once; mini-batch
 -- stays off because it makes the deduplication emit updates (retracting aggregates).
 
+-- Screening: an event time more than max_future_s ahead of the processing clock, or a
+-- value outside physical bounds (what the edge refuses; a producer writing to Kafka
+-- directly bypasses it), is rejected here, before the de-duplication and the per-partition
+-- maximum of the late rule, so it can neither move a watermark nor poison a window's sums
+-- (1.7e308 squared is Infinity, which JSON cannot carry). A record without event_id (a
+-- direct producer) is identified by its trace_id, so its redeliveries collapse.
+CREATE TEMPORARY VIEW inference_screened AS
+SELECT COALESCE(event_id, CONCAT('inference:', trace_id)) AS event_id,
+       ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
+       cost_usd, `error`, kafka_partition, arrival,
+       CASE
+           WHEN ts > arrival + INTERVAL '${max_future_interval}' DAY TO SECOND(3) THEN 'ts'
+           WHEN NOT (e2e_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'e2e_ms'
+           WHEN NOT (ttft_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'ttft_ms'
+           WHEN tpot_ms IS NOT NULL AND NOT (tpot_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'tpot_ms'
+           WHEN NOT (cost_usd BETWEEN 0 AND ${max_cost_usd}) THEN 'cost_usd'
+           WHEN NOT (prompt_tokens BETWEEN 0 AND ${max_tokens}) THEN 'prompt_tokens'
+           WHEN NOT (output_tokens BETWEEN 0 AND ${max_tokens}) THEN 'output_tokens'
+       END AS rejected_field
+FROM inference_events
+WHERE ts IS NOT NULL AND trace_id IS NOT NULL
+  AND experiment IS NOT NULL AND `variant` IS NOT NULL
+  AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
+  AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL;
+
+CREATE TEMPORARY VIEW rejected_rows AS
+SELECT 'rejected' AS kind, rejected_field AS field,
+       CASE rejected_field
+           WHEN 'ts' THEN 'event time more than ${max_future_s} s ahead of the processing clock'
+           ELSE 'outside physical bounds (latencies 0..${max_latency_ms} ms, cost 0..${max_cost_usd}, tokens 0..${max_tokens})'
+       END AS message,
+       event_id, trace_id, experiment, `variant`, CAST(ts AS TIMESTAMP_LTZ(3)) AS ts
+FROM inference_screened
+WHERE rejected_field IS NOT NULL;
+
 CREATE TEMPORARY VIEW inference_first AS
 SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
        cost_usd, is_error, kafka_partition, arrival
@@ -25,11 +62,8 @@ FROM (
     SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
            cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, arrival,
            ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
-    FROM inference_events
-    WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
-      AND experiment IS NOT NULL AND `variant` IS NOT NULL
-      AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
-      AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL
+    FROM inference_screened
+    WHERE rejected_field IS NULL
 )
 WHERE arrival_rank = 1;
 
@@ -48,7 +82,8 @@ FROM (
 
 CREATE TEMPORARY VIEW late_rows AS
 SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`,
-       CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms
+       CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms,
+       ttft_ms, tpot_ms, cost_usd, prompt_tokens, output_tokens, is_error
 FROM inference_checked
 WHERE is_late;
 

@@ -47,14 +47,21 @@ def window_time_ms(ts_ms: int) -> int:
     return window_start_ms(ts_ms) + WINDOW_MS - 1
 
 
+def identity(event: dict[str, Any]) -> str:
+    """The job's identity of an inference event: its event_id, or (a producer that sent
+    none) one derived from its trace_id, as 30_transform.sql does."""
+    return event.get("event_id") or f"inference:{event['trace_id']}"
+
+
 def dedup(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """First arrival of each event_id, in arrival order."""
+    """First arrival of each identity, in arrival order (each with its ``event_id`` set)."""
     seen: set[str] = set()
     out = []
     for event in events:
-        if event["event_id"] not in seen:
-            seen.add(event["event_id"])
-            out.append(event)
+        key = identity(event)
+        if key not in seen:
+            seen.add(key)
+            out.append(event if event.get("event_id") else {**event, "event_id": key})
     return out
 
 

@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -242,11 +241,16 @@ def _metrics(api_url: str) -> dict[str, float]:
         text = httpx.get(f"{api_url}/metrics", timeout=3).text
     except httpx.HTTPError:
         return {}
-    values = {}
-    for line in text.splitlines():
-        match = re.match(r"^(ablab_(?:emitter|ingest|loader)_\w+) ([0-9.eE+-]+)$", line)
-        if match:
-            values[match.group(1)] = float(match.group(2))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}  # family name + label values, e.g. ablab_loader_loaded_rows_raw_events
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(("ablab_emitter", "ablab_ingest", "ablab_loader", "ablab_stream")):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            values["_".join([family.name, *sample.labels.values()])] = float(sample.value)
     return values
 
 
@@ -601,9 +605,9 @@ def run(args: argparse.Namespace) -> int:
                 soak.load.append(_load())
                 m = _metrics(api_url)
                 progress.update(task, completed=min(soak.t(), duration), description=(
-                    f"soak  accepted {m.get('ablab_ingest_events_accepted', 0):.0f}  "
-                    f"loaded {m.get('ablab_loader_loaded_raw_events', 0):.0f}  "
-                    f"spool {m.get('ablab_emitter_spool_pending', 0):.0f}  load {soak.load[-1][0]:.1f}"))
+                    f"soak  accepted {m.get('ablab_ingest_events_events_accepted', 0):.0f}  "
+                    f"loaded {m.get('ablab_loader_loaded_rows_raw_events', 0):.0f}  "
+                    f"spool {m.get('ablab_emitter_state_spool_pending', 0):.0f}  load {soak.load[-1][0]:.1f}"))
                 time.sleep(2)
             progress.update(task, completed=duration)
             for at, name in pending:  # the run ended before these came up: the soak did not test them
@@ -621,7 +625,7 @@ def run(args: argparse.Namespace) -> int:
 
             def _api_drained() -> tuple[bool, str]:
                 m = _metrics(api_url)
-                pending_n = sum(m.get(f"ablab_emitter_{k}", 1) for k in ("queued", "inflight", "spool_pending"))
+                pending_n = sum(m.get(f"ablab_emitter_state_{k}", 1) for k in ("queued", "inflight", "spool_pending"))
                 return bool(m) and pending_n == 0, f"API emitter queued+inflight+spool {pending_n:.0f}"
 
             time.sleep(3)  # labelers' and workers' HTTP sinks flush every 0.5 s
@@ -642,7 +646,7 @@ def run(args: argparse.Namespace) -> int:
                     ends = None
                 m = _metrics(api_url)
                 key = (lag, tuple(sorted((str(k), v) for k, v in (ends or {}).items())),
-                       tuple(sorted((k, v) for k, v in m.items() if k.startswith("ablab_loader_loaded"))))
+                       tuple(sorted((k, v) for k, v in m.items() if k.startswith("ablab_loader_loaded_rows"))))
                 stable[1] = stable[1] + 1 if key == stable[0] else 0
                 stable[0] = key
                 return lag == 0 and ends is not None and stable[1] >= 5, \

@@ -11,6 +11,8 @@ exact in floating point whatever order they are added in.
 
 from __future__ import annotations
 
+import hashlib
+
 import random
 import uuid
 from collections import defaultdict
@@ -49,8 +51,10 @@ def window_time_ms(ts_ms: int) -> int:
 
 def identity(event: dict[str, Any]) -> str:
     """The job's identity of an inference event: its event_id, or (a producer that sent
-    none) one derived from its trace_id, as 30_transform.sql does."""
-    return event.get("event_id") or f"inference:{event['trace_id']}"
+    none) the one ``ablab.streaming.events.derive_event_id`` gives, as 30_transform.sql computes it."""
+    if event.get("event_id"):
+        return event["event_id"]
+    return hashlib.sha256(("inference\x1f" + event["trace_id"]).encode()).hexdigest()[:32]
 
 
 def dedup(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

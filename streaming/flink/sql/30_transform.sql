@@ -25,9 +25,11 @@
 -- directly bypasses it), is rejected here, before the de-duplication and the per-partition
 -- maximum of the late rule, so it can neither move a watermark nor poison a window's sums
 -- (1.7e308 squared is Infinity, which JSON cannot carry). A record without event_id (a
--- direct producer) is identified by its trace_id, so its redeliveries collapse.
+-- direct producer) gets the id the edge would derive (ablab.streaming.events.derive_event_id:
+-- the first 128 bits of SHA-256 over 'inference', a unit separator and the trace_id, in hex),
+-- so its redeliveries collapse here as they do in raw_events.
 CREATE TEMPORARY VIEW inference_screened AS
-SELECT COALESCE(event_id, CONCAT('inference:', trace_id)) AS event_id,
+SELECT COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id)) FROM 1 FOR 32)) AS event_id,
        ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
        cost_usd, `error`, kafka_partition, arrival,
        CASE

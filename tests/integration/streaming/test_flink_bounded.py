@@ -64,7 +64,7 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
         for event in [*inference[:middle], *poison, anonymous, *inference[middle:], anonymous]:
             handle.write(json.dumps(event).encode() + b"\n")
         handle.write(b"\n".join(bad) + b"\n")
-    inference = [*inference, {**anonymous, "event_id": "inference:anon-trace"}]
+    inference = [*inference, {**anonymous, "event_id": ref.identity(anonymous)}]
 
     config = job.JobConfig(out_of_orderness_s=2.0)
     # The job's own execution options (object reuse, state TTL, no mini-batch),
@@ -82,6 +82,10 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     late = _collect(env, "late_rows", ["event_type", "event_id", "ts", "watermark"])
     late_ids = {r["event_id"] for r in late}
     assert late_ids == set()  # in ts order, and the year-9999 event did not move the per-partition maximum
+    # the id the job derives is the edge's (derive_event_id), and its two deliveries are one
+    anon_ids = [r["event_id"] for r in _collect(env, "inference_first", ["event_id", "trace_id"])
+                if r["trace_id"] == "anon-trace"]
+    assert anon_ids == [ref.identity(anonymous)]
     rejected = _collect(env, "rejected_rows", ["field", "event_id"])
     assert sorted((r["field"], r["event_id"]) for r in rejected) == [("e2e_ms", "huge"), ("ts", "future")]
     expected = ref.inference_windows(inference, late_ids=late_ids)

@@ -34,7 +34,7 @@ def test_the_watermark_and_the_late_rule_are_bounded_by_the_processing_clock():
     screened = text.index("CREATE TEMPORARY VIEW inference_screened")
     assert text.index("WHEN ts > arrival + INTERVAL '0 00:02:00.000' DAY TO SECOND(3) THEN 'ts'") > screened
     assert "FROM inference_screened\n    WHERE rejected_field IS NULL" in text  # only screened rows are de-duplicated
-    assert "COALESCE(event_id, CONCAT('inference:', trace_id))" in text
+    assert "COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id)) FROM 1 FOR 32))" in text
 
 
 def test_a_quote_in_a_parameter_cannot_change_a_statement():

@@ -10,8 +10,10 @@ What it does, in order (loopback only; a fresh ABLAB_HOME and free ports every r
 2. Injects the faults, spaced evenly over the run: ``broker`` (clean stop, outage,
    start), ``flink`` (SIGKILL of the job's process group, restart: it restores from its
    newest checkpoint), ``api`` (SIGTERM, restart; the API owns chDB and runs the loader),
-   ``worker`` (SIGKILL of worker-1, restart). A service that dies on its own is recorded as
-   an unplanned exit and restarted (``--no-heal`` leaves it dead).
+   ``worker`` (SIGKILL of worker-1, restart), ``poison`` (hostile records for the demo
+   experiment: a 1.7e308 latency and a year-9999 timestamp through the API, the same plus
+   garbage bytes written straight to Kafka on every partition). A service that dies on its
+   own is recorded as an unplanned exit and restarted (``--no-heal`` leaves it dead).
 3. Drains: waits for the traffic to end, for every sampled label to come due, for the
    API's emitter spool to empty and for the loader's consumer lag to reach zero; one
    out-of-experiment event per partition pushes the Flink watermark past the last window.
@@ -22,6 +24,8 @@ What it does, in order (loopback only; a fresh ABLAB_HOME and free ports every r
    - *Kafka*: every record of the typed topics (``read_committed``), by trace_id and event_id;
    - *ClickHouse*: ``raw_events`` (distinct event_ids per trace_id, ``FINAL``), and the
      window identity ``raw inference = Σ window n + late inference``.
+   Poison records must be refused at the edge or dead-lettered, never stored, and the
+   ordinary events around them must all reconcile as usual.
    Lost = emitted but not stored; duplicated = one emitted event stored under two or more
    event_ids (a double count no ReplacingMergeTree can undo). Redelivered copies of one
    event_id (Kafka or loader retries) are reported but harmless: the tables collapse them.
@@ -56,7 +60,8 @@ from rich.table import Table
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 EXPERIMENT = "demo-serving"
 FLUSH_EXPERIMENT = "soak-flush"  # the watermark push: unknown to the registry, so never stored as an event
-FAULTS = ("broker", "flink", "api", "worker")
+FAULTS = ("broker", "flink", "api", "worker", "poison")
+POISON_PREFIX = "soak-poison-"  # trace_ids of the poison fault's records (not in any ledger)
 TYPES = ("exposure", "inference", "rum", "feedback")
 console = Console(stderr=True)
 out = Console()
@@ -78,6 +83,7 @@ class Soak:
     minutes: float
     started: float = 0.0
     faults: list[FaultRecord] = field(default_factory=list)
+    poison_traces: set[str] = field(default_factory=set)
     pids_seen: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     load: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -223,6 +229,44 @@ def fault_worker(soak: Soak, supervisor: Any, services: dict) -> str:
     supervisor.start(services["worker-1"])
     _record_pids(soak)
     return f"SIGKILL pid {pid} after {served} requests; healthy again in {time.monotonic() - t1:.1f} s"
+
+
+def fault_poison(soak: Soak, supervisor: Any, services: dict) -> str:
+    """Hostile records between the demo's ordinary traffic (issue 19): through the API, and
+    straight to Kafka (a producer that bypasses the edge), on every partition."""
+    from kafka import KafkaProducer
+
+    from ablab.streaming.kafka.topics import EVENT_TOPICS, RAW_PARTITIONS
+
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    def event(case: str, **changes: Any) -> dict[str, Any]:
+        trace = f"{POISON_PREFIX}{case}-{int(time.time() * 1000)}"
+        soak.poison_traces.add(trace)
+        return {"v": 1, "type": "inference", "ts": now, "trace_id": trace, "experiment": EXPERIMENT, "variant": "control",
+                "unit_id": "poison", "ttft_ms": 1.0, "e2e_ms": 2.0, "tpot_ms": 1.0, "prompt_tokens": 1, "output_tokens": 2,
+                "device_s": 0.001, "cost_usd": 0.0, "price_version": "poison", "strategy": "poison", **changes}
+
+    sdk = soak.env.get("ABLAB_SOAK_SDK_TOKEN") or _sdk_token(soak)
+    api = httpx.post(f"{soak.env['ABLAB_API_URL']}/v1/events", headers={"Authorization": f"Bearer {sdk}"}, timeout=10,
+                     json={"events": [event("api-huge", e2e_ms=1.7e308), event("api-9999", ts="9999-12-31T00:00:00.000Z")]})
+    producer = KafkaProducer(bootstrap_servers=soak.env["ABLAB_KAFKA_BOOTSTRAP"], acks="all")
+    for partition in range(RAW_PARTITIONS):
+        for record in (event(f"direct-huge-{partition}", e2e_ms=1.7e308),
+                       event(f"direct-9999-{partition}", ts="9999-12-31T00:00:00.000Z")):
+            producer.send(EVENT_TOPICS["inference"], json.dumps(record).encode(), key=record["trace_id"].encode(),
+                          partition=partition)
+        producer.send(EVENT_TOPICS["inference"], b"\x00 garbage " + POISON_PREFIX.encode(), partition=partition)
+    producer.flush(30)
+    producer.close()
+    return (f"API answered {api.status_code} ({api.text[:80]}); {3 * RAW_PARTITIONS} records straight to Kafka "
+            f"on {RAW_PARTITIONS} partitions")
+
+
+def _sdk_token(soak: Soak) -> str:
+    created = subprocess.run([ABLAB, "keys", "create", "--name", "soak-poison", "--scope", "sdk"], env={**os.environ, **soak.env},
+                             capture_output=True, text=True, timeout=60, check=True)
+    return created.stdout.strip().splitlines()[-1]
 
 
 def _worker_served(service: Any) -> str:
@@ -397,7 +441,7 @@ def kafka_view(bootstrap: str) -> dict[str, dict[str, Any]]:
             kind = tp.topic.removeprefix("ablab.")
             for record in records:
                 event = json.loads(record.value)
-                if event.get("experiment") == FLUSH_EXPERIMENT:
+                if event.get("experiment") == FLUSH_EXPERIMENT or str(event.get("trace_id", "")).startswith(POISON_PREFIX):
                     continue
                 view[kind]["trace"][event.get("trace_id")] += 1
                 view[kind]["event"][event.get("event_id")] += 1
@@ -593,6 +637,8 @@ def run(args: argparse.Namespace) -> int:
                             record.detail = fault_flink(soak, supervisor, services)
                         elif name == "api":
                             record.detail = fault_api(soak, supervisor, services)
+                        elif name == "poison":
+                            record.detail = fault_poison(soak, supervisor, services)
                         else:
                             record.detail = fault_worker(soak, supervisor, services)
                         record.ok = True

@@ -17,7 +17,7 @@ import uuid
 
 import pytest
 
-from conftest import _iso, ordinary, wait_until
+from live_support import iso, ordinary, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -27,7 +27,7 @@ EXPERIMENT = "hostile"
 def _phase(tag: str, count: int) -> list[dict]:
     """``count`` ordinary events stamped now, in time order (nothing late by construction)."""
     now = time.time()
-    return [ordinary(EXPERIMENT, "ab"[i % 2], f"{tag}-{uuid.uuid4().hex[:10]}", ts=_iso(now - 1 + i * 0.01),
+    return [ordinary(EXPERIMENT, "ab"[i % 2], f"{tag}-{uuid.uuid4().hex[:10]}", ts=iso(now - 1 + i * 0.01),
                      e2e=100.0 + (i % 13) * 7 + (25 if i % 2 else 0)) for i in range(count)]
 
 

@@ -428,6 +428,10 @@ def kafka_view(bootstrap: str) -> dict[str, dict[str, Any]]:
     from ablab.streaming.kafka.topics import EVENT_TOPICS
 
     view: dict[str, dict[str, Any]] = {t: {"trace": Counter(), "event": Counter(), "unassigned": set()} for t in TYPES}
+    # Event-time disorder as the Flink job sees it: how far each inference event is behind the
+    # largest ts read before it from its partition (what the out-of-orderness bound must cover).
+    newest: dict[int, float] = {}
+    behind: list[float] = []
     topics = [EVENT_TOPICS[t] for t in TYPES]
     ends = _end_offsets(bootstrap, topics)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
@@ -445,13 +449,33 @@ def kafka_view(bootstrap: str) -> dict[str, dict[str, Any]]:
                     continue
                 view[kind]["trace"][event.get("trace_id")] += 1
                 view[kind]["event"][event.get("event_id")] += 1
+                if kind == "inference" and isinstance(event.get("ts"), str):
+                    ts = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+                    behind.append(max(0.0, newest.get(tp.partition, ts) - ts))
+                    newest[tp.partition] = max(newest.get(tp.partition, ts), ts)
                 if kind == "rum" and not event.get("experiment"):
                     view[kind]["unassigned"].add(event.get("trace_id"))
         remaining = {tp for tp in remaining if consumer.position(tp) < ends[tp]}
     consumer.close()
     if remaining:
         raise RuntimeError(f"could not read the topics to their end: {sorted(map(str, remaining))}")
+    view["inference"]["disorder"] = disorder_summary(behind)
     return view
+
+
+def disorder_summary(behind_s: list[float]) -> dict[str, Any]:
+    """Quantiles of how far events are behind their partition's newest ts, and the share of
+    events each candidate out-of-orderness bound would call late."""
+    if not behind_s:
+        return {"events": 0}
+    ordered = sorted(behind_s)
+
+    def q(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 3)
+
+    return {"events": len(ordered), "p50_s": q(0.5), "p99_s": q(0.99), "p999_s": q(0.999), "max_s": round(ordered[-1], 3),
+            "late_share_by_bound_s": {b: round(sum(1 for x in ordered if x >= b) / len(ordered), 5)
+                                      for b in (1, 2, 3, 5, 8)}}
 
 
 def clickhouse_view(home: Path) -> dict[str, Any]:
@@ -730,6 +754,9 @@ def run(args: argparse.Namespace) -> int:
         expected[kind] -= unassigned
     result.update(faults=[asdict(f) for f in soak.faults], types=reconcile(expected, kafka, ch), windows=ch["windows"],
                   dead_letters=ch["dead_letters"], served_without_assignment=len(unassigned),
+                  disorder=kafka["inference"].get("disorder"),
+                  poison={"sent": len(soak.poison_traces),
+                          "stored": sorted(t for t in soak.poison_traces if t in ch["per_trace"]["inference"])},
                   wall_s=round(time.monotonic() - wall0, 1))
     ok = _print_report(result)
     if args.json_out:
@@ -792,6 +819,14 @@ def _print_report(result: dict[str, Any]) -> bool:
     if w.get("gaps"):
         out.print("windows that do not balance (start: raw vs Σ n + late): " + "; ".join(
             f"{g['window_start'][11:19]}: {g['raw']} vs {g['windowed']}+{g['late']}" for g in w["gaps"][:12]))
+    if result.get("disorder"):
+        out.print(f"event-time disorder of inference events per partition: {result['disorder']}")
+    poison = result.get("poison") or {}
+    if poison.get("sent"):
+        ok &= not poison["stored"]
+        out.print(f"poison: {poison['sent']} hostile records; stored {len(poison['stored'])} "
+                  f"{'[green](none: refused or dead-lettered)[/]' if not poison['stored'] else '[red]' + str(poison['stored'][:5]) + '[/]'}; "
+                  f"dead letters by field {result.get('dead_letters')}")
     faults = Table(title="fault timeline")
     for column in ("t (s)", "fault", "took (s)", "ok", "detail"):
         faults.add_column(column)

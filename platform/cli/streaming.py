@@ -102,7 +102,9 @@ def register_pipeline(app: typer.Typer) -> None:
 @stream_app.command("submit")
 def stream_submit(
     local: bool = typer.Option(True, "--local/--cluster", help="Run in a local mini-cluster (default), or print the `flink run` command for a cluster."),
-    out_of_orderness_s: float = typer.Option(2.0, min=0, help="Watermark bound: how far out of order events may arrive."),
+    out_of_orderness_s: float = typer.Option(
+        5.0, min=0, help="Watermark bound: how far out of order events may arrive (the emitters batch for 1-2 s; "
+        "later ones are late rows, folded into their window at query time)."),
     checkpoint_interval_s: float = typer.Option(2.0, min=0.1, help="Checkpoint (and Kafka commit) interval."),
     parallelism: int = typer.Option(1, min=1, help="Flink parallelism."),
     idle_timeout_s: float = typer.Option(

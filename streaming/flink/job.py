@@ -11,11 +11,18 @@ this process; on a cluster the same module is submitted with
 ``flink run -py streaming/flink/job.py -- --bootstrap HOST:9092 ...`` (or ``-pym
 ablab.streaming.flink.job``) and the cluster's configuration supplies checkpoint storage.
 
+Hostile input: a record whose ``ts`` is more than ``max_future_s`` ahead of the processing
+clock gives no watermark, and it and records outside physical bounds are rejected before
+any state (``kind = "rejected"`` rows, dead-lettered by the loader): one bad clock cannot
+make a partition's later events late, and a restore cannot bring it back. A record without
+``event_id`` gets the edge's derived id (from its trace_id).
+
 Late-data policy (tested in tests/unit/streaming/test_flink_job.py and
 tests/integration/streaming/test_pipeline_canned.py):
 
 - Watermark = min over Kafka partitions of (largest event time read − ``out_of_orderness_s``,
-  default 2 s). Events out of order within that bound land in their own window.
+  default 5 s: the emitters batch for 1-2 s, docs/benchmarks/pipeline.md). Events out of
+  order within that bound land in their own window.
 - Duplicates (one ``event_id`` delivered twice: a producer retry, a spool replay) count
   once: the first arrival of each event_id is kept, before the late rule; the job remembers
   an event_id for ``dedup_ttl_s`` (state TTL, processing time).
@@ -23,7 +30,8 @@ tests/integration/streaming/test_pipeline_canned.py):
   read before it from the same partition, or when it is at or behind the current
   watermark. Such an event is written as a ``kind = "late"`` row to the windows topic and
   stored in ClickHouse's ``late_events``, never silently dropped and never added to an
-  already emitted window. Every other event is ahead of the watermark, so its window is
+  already emitted window; ``/timeseries`` folds it into its window at query time
+  (``queries.window_rows``), so windows are eventually exact. Every other event is ahead of the watermark, so its window is
   still open. With partitions that never go idle the first rule decides alone (the
   watermark never passes a partition's own largest ts minus the bound), and it depends
   only on each partition's order (producers key by ``trace_id``), so it is reproducible
@@ -74,7 +82,7 @@ class JobConfig:
     inference_topic: str = "ablab.inference"
     windows_topic: str = "ablab.windows"
     group_id: str = "ablab-flink"
-    out_of_orderness_s: float = 2.0
+    out_of_orderness_s: float = 5.0
     idle_timeout_s: float = 0.0
     """0 (default): a partition without records holds the watermark back. > 0 lets the job
     move on without an idle partition; that partition's next events may then be behind the

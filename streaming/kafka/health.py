@@ -109,9 +109,14 @@ class StreamJobProbe:
         partitions = consumer.partitions_for_topic(self.topic) or set()
         tps = [TopicPartition(self.topic, p) for p in sorted(partitions)]
         ends = {tp.partition: int(offset) for tp, offset in consumer.end_offsets(tps).items()} if tps else {}
-        offsets = admin.list_consumer_group_offsets(self.group_id)
+        from kafka.errors import CoordinatorLoadInProgressError, CoordinatorNotAvailableError, GroupIdNotFoundError
+
+        try:
+            offsets = admin.list_group_offsets({self.group_id: None}).get(self.group_id) or {}
+        except (CoordinatorNotAvailableError, CoordinatorLoadInProgressError, GroupIdNotFoundError):
+            offsets = {}  # no group has committed on this broker yet: the job has not checkpointed
         committed = {tp.partition: int(meta.offset) for tp, meta in offsets.items()
-                     if tp.topic == self.topic and meta.offset >= 0}
+                     if tp.topic == self.topic and meta.offset is not None and meta.offset >= 0}
         return committed, ends
 
     def _close(self) -> None:

@@ -66,6 +66,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ablab.streaming.events import FIELD_BOUNDS
+
 SQL_DIR = Path(__file__).parent / "sql"
 WINDOW_SECONDS = 10
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
@@ -91,12 +93,13 @@ class JobConfig:
     """How far ahead of the processing clock an event time may be. Further ahead, the
     record is rejected (the loader dead-letters it) and the watermark counts it as this far
     ahead at most, so one bad clock cannot make a partition's later events late."""
-    max_latency_ms: float = 86_400_000.0
-    """Physical bounds (a latency within a day; cost and tokens below a sane ceiling): a
-    record outside them is rejected, not windowed. The edge refuses the same; these catch
-    producers that write to Kafka directly."""
-    max_cost_usd: float = 1_000_000.0
-    max_tokens: int = 10_000_000
+    max_latency_ms: float = FIELD_BOUNDS["e2e_ms"].hi
+    """Physical bounds, from the edge's one table (``ablab.streaming.events.FIELD_BOUNDS``:
+    a latency within a day, cost and tokens below a ceiling): a record outside them is
+    rejected, not windowed. The edge refuses the same; these catch producers that write to
+    Kafka directly."""
+    max_cost_usd: float = FIELD_BOUNDS["cost_usd"].hi
+    max_tokens: int = int(FIELD_BOUNDS["prompt_tokens"].hi)
     dedup_ttl_s: float = 600.0
     """How long the job remembers an event_id (Flink state TTL, processing time): a
     duplicate arriving later than this after the first copy is not recognised. One flag of

@@ -11,7 +11,6 @@ exact in floating point whatever order they are added in.
 
 from __future__ import annotations
 
-import hashlib
 import math
 
 import random
@@ -23,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
+
+from ablab.streaming.events import derive_event_id
 
 WINDOW_MS = 10_000
 SUM_FIELDS = {
@@ -53,9 +54,7 @@ def window_time_ms(ts_ms: int) -> int:
 def identity(event: dict[str, Any]) -> str:
     """The job's identity of an inference event: its event_id, or (a producer that sent
     none) the one ``ablab.streaming.events.derive_event_id`` gives, as 30_transform.sql computes it."""
-    if event.get("event_id"):
-        return event["event_id"]
-    return hashlib.sha256(("inference\x1f" + event["trace_id"]).encode()).hexdigest()[:32]
+    return event.get("event_id") or derive_event_id(event)
 
 
 def dedup(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ import pytest
 
 from live_support import iso, ordinary, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 EXPERIMENT = "hostile"
 

@@ -25,7 +25,7 @@ from live_support import wait_until
 
 from ablab.streaming.flink import reference as ref
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
 EXPERIMENT = "replay"
 SECONDS = 60.0

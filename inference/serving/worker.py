@@ -21,7 +21,7 @@ from ablab.inference.serving import events as ev
 from ablab.inference.serving.assigners import Assigner
 from ablab.inference.serving.service import InferenceService
 from ablab.inference.tasks import DOMAINS
-from ablab.platform.strategy import Strategy
+from ablab.platform.strategy import Strategy, open_strategy
 
 
 class InferRequest(BaseModel):
@@ -80,7 +80,7 @@ class Worker:
         assignments = self.assigner.assign(request.unit_id, {"domain": request.domain, **request.attributes})
         chosen = assignments[0] if assignments else None
         try:
-            strategy = Strategy.model_validate(dict(chosen.strategy)) if chosen else self.default_strategy
+            strategy = open_strategy(chosen.strategy) if chosen else self.default_strategy
         except ValidationError as exc:
             raise StrategyNotServable([f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]) from exc
         plan = plan_for(strategy, self.service.context)  # raises StrategyNotServable with reasons

@@ -14,6 +14,7 @@ from ablab.platform.api import problems
 from ablab.platform.api.routers import assign, experiments, health, ingest, keys, layers, results
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
+from ablab.platform.factors import router as factors_router
 from ablab.platform.registry.db import make_engine, make_sessionmaker
 
 # Components started with the app (loader, ingestion) register here: name → factory that
@@ -273,6 +274,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
     for module in (assign, health, experiments, layers, keys, results, ingest):
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
+    app.include_router(factors_router.router)
     ingest.install_openapi(app)
     # Outermost last: the metrics middleware also sees the body limit's 413/408 answers.
     app.add_middleware(_BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ablab.platform.assignment.targeting import Condition, Op
-from ablab.platform.strategy import Strategy
+from ablab.platform.strategy import OpenStrategy
 
 KEY_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,63}$"
 
@@ -41,7 +41,7 @@ class _Strict(BaseModel):
 class VariantIn(_Strict):
     key: str = Field(pattern=KEY_PATTERN)
     weight: float = Field(gt=0, le=1_000_000)
-    strategy: Strategy = Strategy()
+    strategy: OpenStrategy = OpenStrategy()
 
 
 class VariantOut(BaseModel):

@@ -1,7 +1,7 @@
 """webhook deliveries: signed billing webhooks are accepted once (replay protection)
 
 Revision ID: 0004
-Revises: 0001
+Revises: 0003
 Create Date: 2026-12-04 16:00:00.000000
 """
 from alembic import op
@@ -9,7 +9,7 @@ import sqlalchemy as sa
 
 
 revision = '0004'
-down_revision = '0001'
+down_revision = '0003'
 branch_labels = None
 depends_on = None
 

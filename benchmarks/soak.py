@@ -444,7 +444,12 @@ def kafka_view(bootstrap: str) -> dict[str, dict[str, Any]]:
         for tp, records in consumer.poll(timeout_ms=1000, max_records=10_000).items():
             kind = tp.topic.removeprefix("ablab.")
             for record in records:
-                event = json.loads(record.value)
+                try:
+                    event = json.loads(record.value)
+                except ValueError:  # the poison fault's garbage bytes: dead-lettered by the loader
+                    continue
+                if not isinstance(event, dict):
+                    continue
                 if event.get("experiment") == FLUSH_EXPERIMENT or str(event.get("trace_id", "")).startswith(POISON_PREFIX):
                     continue
                 view[kind]["trace"][event.get("trace_id")] += 1

@@ -79,6 +79,8 @@ class Settings(BaseSettings):
     http_max_connections: int = Field(
         default=1024, ge=1, description="Open connections per API process before new requests get 503.")
     demo_worker_ports: list[int] = Field(default=[8101, 8102], min_length=1, description="`up --demo` worker ports.")
+    demo_gateway_port: int = Field(default=8090, ge=1, le=65535, description="`up --demo` gateway port.")
+    demo_llm_port: int = Field(default=8081, ge=1, le=65535, description="`up --demo` SmolLM2 (llama_cpp.server) port.")
     demo_duration_s: float = Field(default=1800.0, gt=0, description="How long `up --demo` traffic runs.")
     tracing: Literal["off", "console", "otlp"] = Field(default="off", description="OpenTelemetry spans: off, console or OTLP/HTTP.")
     otlp_endpoint: str = Field(default="http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint when tracing=otlp.")

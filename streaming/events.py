@@ -166,8 +166,10 @@ def derive_event_id(record: Mapping[str, Any]) -> str:
       every delivery of it (a client retrying after a timeout, a replayed batch, a producer
       writing to Kafka directly) gets the same id, whatever else differs.
     - every other type: from its content, the record without ``event_id`` as canonical
-      JSON (sorted keys; times as UTC milliseconds; ``v`` defaulted; 80.0 written as 80),
-      so the same record sent twice is one event and two different records are two.
+      JSON (sorted keys; null fields dropped; times as UTC milliseconds; ``v`` defaulted;
+      80.0 written as 80, true as 1), so the same record sent twice is one event and two
+      different records are two, and the id of a record as sent equals that of the record
+      as validated (what the models derive).
 
     128 bits of SHA-256, hex. Any record given its own ``event_id`` keeps it.
     """
@@ -183,10 +185,14 @@ def derive_event_id(record: Mapping[str, Any]) -> str:
 
 
 def _canonical(value: Any, key: str | None = None) -> Any:
+    """One spelling per value, so a record as sent and as validated hash alike: no null
+    fields, booleans as 0/1, integral floats as ints, times as UTC milliseconds."""
     if isinstance(value, Mapping):
-        return {str(k): _canonical(v, str(k)) for k, v in value.items()}
+        return {str(k): _canonical(v, str(k)) for k, v in value.items() if v is not None}
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
+    if isinstance(value, bool):
+        return int(value)
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
         return int(value)
     if key in _TIME_FIELDS and isinstance(value, (str, datetime)):
@@ -197,27 +203,25 @@ def _canonical(value: Any, key: str | None = None) -> Any:
     return value
 
 
-def _with_event_id(data: Any) -> Any:
-    if isinstance(data, dict) and data.get("event_id") is None:
-        return {**data, "event_id": derive_event_id(data)}
-    return data
-
-
 class _EventBase(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     v: Literal[1] = Field(default=SCHEMA_VERSION, description="Schema version of this record.")
-    event_id: Identifier = Field(  # never None after validation: _derive_missing_event_id fills it
-        default=None,  # type: ignore[assignment]
-        description="Unique per record. When absent: derived from the trace_id (inference) or the content.",
+    # Never None after validation: _derive_missing_event_id fills it in.
+    event_id: Identifier | None = Field(
+        default=None,
+        description="Unique per record. When absent or null: derived from the trace_id (inference) or the content.",
     )
     ts: UtcTimestamp = Field(description="Event time, ISO-8601 with offset, stored as UTC.")
     trace_id: Identifier = Field(description="Joins one request's worker, client, label and billing records.")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _derive_missing_event_id(cls, data: Any) -> Any:
-        return _with_event_id(data)
+    @model_validator(mode="after")
+    def _derive_missing_event_id(self) -> Any:
+        # After validation, not before: a "before" hook makes pydantic build a dict of every
+        # record, which cost the loader's JSON fast path 60 % even for records that have an id.
+        if self.event_id is None:
+            object.__setattr__(self, "event_id", derive_event_id(self.model_dump(exclude={"event_id"})))
+        return self
 
     @field_validator("v", mode="before")
     @classmethod
@@ -397,13 +401,23 @@ def json_depth_exceeds(value: Any, limit: int) -> bool:
     stack = [(value, 1)]
     while stack:
         node, depth = stack.pop()
-        children = node.values() if isinstance(node, Mapping) else node if isinstance(node, (list, tuple)) else None
-        if children is None:
+        kind = type(node)  # exact types first: parsed JSON is dicts and lists, ABC checks are slow
+        if kind is dict or (kind is not list and isinstance(node, Mapping)):
+            children: Any = node.values()
+        elif kind is list or isinstance(node, tuple):
+            children = node
+        else:
             continue
         if depth > limit:
             return True
-        stack.extend((child, depth + 1) for child in children if isinstance(child, (Mapping, list, tuple)))
+        for child in children:
+            if type(child) in _CONTAINERS or (not isinstance(child, _SCALARS) and isinstance(child, (Mapping, tuple))):
+                stack.append((child, depth + 1))
     return False
+
+
+_CONTAINERS = (dict, list)
+_SCALARS = (str, int, float, type(None))
 
 
 def _too_deep(limit: int = MAX_JSON_DEPTH) -> Rejection:

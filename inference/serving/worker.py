@@ -1,4 +1,5 @@
-"""The inference worker: HTTP JSON in/out.
+"""The inference worker: HTTP JSON in/out (``/v1/infer``), and the OpenAI protocol
+(``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``; see ``openai_api``).
 
 Per request: start the clock (``perf_counter``), ask the assigner which strategy serves
 the unit, resolve it through the strategy registry, run it, compute cost from the
@@ -151,6 +152,10 @@ def create_app(worker: Worker):
         if response.overloaded:  # shed past its TTFT SLO: a client or balancer should retry elsewhere
             return JSONResponse(response.model_dump(mode="json"), status_code=503, headers={"Retry-After": "1"})
         return response
+
+    from ablab.inference.serving.openai_api import register_openai_routes
+
+    register_openai_routes(app, worker)  # the same model as an OpenAI-compatible backend
 
     @app.get("/healthz")
     def healthz() -> Mapping[str, Any]:

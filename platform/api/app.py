@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
@@ -11,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from ablab.platform.api import problems
+from ablab.platform.api.limits import BodyLimitMiddleware
 from ablab.platform.api.routers import assign, experiments, health, ingest, keys, layers, results
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
@@ -49,94 +49,6 @@ class _MetricsMiddleware:
             if state is not None:
                 state.metrics.requests.labels(scope["method"], template, str(status_holder[0])).inc()
                 state.metrics.latency.labels(template).observe(time.perf_counter() - start)
-
-
-class _BodyLimitMiddleware:
-    """Bounds every request body before any route reads it (pure ASGI).
-
-    - size: a declared ``Content-Length`` over ``max_bytes`` is answered 413 without reading;
-      a chunked body is cut off with 413 as soon as it passes ``max_bytes`` (never read whole);
-    - time: the whole body must arrive within ``timeout_s`` of the request head, else 408,
-      so a client trickling a body cannot hold a connection and a task indefinitely.
-
-    The route sees a disconnect instead of the rest of the body; whatever it answers to
-    that is replaced by the problem+json refusal, sent with ``Connection: close``.
-    """
-
-    def __init__(self, app: Any, *, max_bytes: int, timeout_s: float) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.timeout_s = timeout_s
-
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = _content_length(scope)
-        if declared is not None and declared > self.max_bytes:
-            await self._refuse(scope, send, 413, "too_large", f"body of {declared} bytes is over the {self.max_bytes}-byte limit; send smaller batches")
-            return
-        deadline = asyncio.get_running_loop().time() + self.timeout_s
-        received = 0
-        body_done = False
-        refused: tuple[int, str, str] | None = None
-        started = False
-
-        async def limited_receive() -> dict[str, Any]:
-            nonlocal received, body_done, refused
-            if refused is not None:
-                return {"type": "http.disconnect"}
-            if body_done:  # waiting for a disconnect after the body is not reading it
-                return await receive()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                refused = (408, "too_slow", f"the request body did not arrive within {self.timeout_s:g} s")
-                return {"type": "http.disconnect"}
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_bytes:
-                    refused = (413, "too_large", f"body is over the {self.max_bytes}-byte limit (cut off at {received} bytes); send smaller batches")
-                    return {"type": "http.disconnect"}
-                body_done = not message.get("more_body", False)
-            return message
-
-        async def guarded_send(message: dict[str, Any]) -> None:
-            nonlocal started
-            if refused is not None and not started:
-                return  # the route's answer to a body it could not read; ours goes out below
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, guarded_send)
-        except Exception:
-            if refused is None or started:
-                raise
-        if refused is not None and not started:
-            await self._refuse(scope, send, *refused)
-
-    @staticmethod
-    async def _refuse(scope: dict[str, Any], send: Any, status: int, reason: str, detail: str) -> None:
-        state: AppState | None = getattr(scope["app"].state, "ablab", None) if "app" in scope else None
-        if state is not None:
-            state.metrics.bodies_refused.labels(reason).inc()
-        response = problems.problem(status, "Payload too large" if status == 413 else "Request timeout", detail, field="body")
-        response.headers["Connection"] = "close"
-        await response(scope, _no_receive, send)
-
-
-async def _no_receive() -> dict[str, Any]:
-    return {"type": "http.disconnect"}
-
-
-def _content_length(scope: dict[str, Any]) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            text = value.decode("latin-1").strip()
-            return int(text) if text.isdigit() and len(text) < 20 else None
-    return None
 
 
 def _analytics(state: AppState) -> Any:
@@ -277,7 +189,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
     app.include_router(factors_router.router)
     ingest.install_openapi(app)
     # Outermost last: the metrics middleware also sees the body limit's 413/408 answers.
-    app.add_middleware(_BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)
     app.add_middleware(_MetricsMiddleware)
     from ablab.platform import telemetry
 

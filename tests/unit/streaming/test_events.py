@@ -82,6 +82,22 @@ def test_other_events_are_identified_by_their_content_however_it_is_written() ->
     assert len({derive_event_id(r) for r in [label, *different]}) == 4
 
 
+@pytest.mark.parametrize("record", [
+    {"type": "feedback", "ts": "2026-03-01T14:00:00+02:00", "trace_id": "t", "correct": True, "source": "human"},
+    {"type": "feedback", "ts": TS, "trace_id": "t", "score": 3, "source": "judge", "experiment": None},
+    {"type": "rum", "ts": TS, "trace_id": "t", "e2e_ms": 80},
+    {"type": "exposure", "ts": TS, "trace_id": "t", "experiment": "e", "variant": "a", "unit_id": "u", "v": 1},
+    {"type": "cost", "ts": TS, "resource": "gpu-0", "cost_usd": 2, "period_start": "2026-03-01T11:00:00Z",
+     "period_end": "2026-03-01T12:00:00.000+00:00"},
+])
+def test_the_id_of_a_record_as_sent_equals_the_id_the_model_derives(record) -> None:
+    # Producers derive ids from what they send; the models (the loader, validation) from what
+    # they validated. Both must agree, through the JSON fast path too.
+    event = validate_event(record)
+    assert not isinstance(event, Rejection), event
+    assert event.event_id == derive_event_id(record) == validate_event(json.dumps(record).encode()).event_id
+
+
 def test_offset_timestamps_are_normalised_to_utc() -> None:
     event = validate_event(inference(ts="2026-03-01T14:00:00+02:00"))
     assert event.ts == datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

@@ -216,7 +216,9 @@ def stream_submit(
     cluster: str = typer.Option(None, "--cluster", metavar="URL", help="Submit to the Flink session cluster whose "
                                 "JobManager REST API is URL (e.g. http://127.0.0.1:8081, as `ablab flink start` prints); "
                                 "prints the job id and returns."),
-    out_of_orderness_s: float = typer.Option(2.0, min=0, help="Watermark bound: how far out of order events may arrive."),
+    out_of_orderness_s: float = typer.Option(
+        5.0, min=0, help="Watermark bound: how far out of order events may arrive (the emitters batch for 1-2 s; "
+        "later ones are late rows, folded into their window at query time)."),
     checkpoint_interval_s: float = typer.Option(2.0, min=0.1, help="Checkpoint (and Kafka commit) interval."),
     parallelism: int = typer.Option(None, min=1, help="Flink parallelism (default 1 locally, 2 on a cluster)."),
     idle_timeout_s: float = typer.Option(

@@ -83,7 +83,7 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     late_ids = {r["event_id"] for r in late}
     assert late_ids == set()  # in ts order, and the year-9999 event did not move the per-partition maximum
     # the id the job derives is the edge's (derive_event_id), and its two deliveries are one
-    anon_ids = [r["event_id"] for r in _collect(env, "inference_first", ["event_id", "trace_id"])
+    anon_ids = [r["event_id"] for r in _collect(env, "inference_checked", ["event_id", "trace_id"])
                 if r["trace_id"] == "anon-trace"]
     assert anon_ids == [ref.identity(anonymous)]
     rejected = _collect(env, "rejected_rows", ["field", "event_id"])

@@ -38,6 +38,9 @@ from pathlib import Path
 LITELLM_VENV = Path.home() / ".cache" / "ablab" / "bench-litellm"
 MSGS = [{"role": "user", "content": "Say hello."}]
 
+# The in-repo model's tokenizer covers its own tasks' alphabet (digits, operators, lowercase).
+WORKER_MSGS = [{"role": "user", "content": "12+34="}]
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -129,8 +132,9 @@ def _has_content(raw: bytes) -> bool:
     return False
 
 
-async def one(client, url: str, model: str, unit: str, max_tokens: int | None) -> tuple[float, float]:
-    body = {"model": model, "messages": MSGS, "stream": True, "user": unit}
+async def one(client, url: str, model: str, unit: str, max_tokens: int | None,
+              messages: list[dict] = MSGS) -> tuple[float, float]:
+    body = {"model": model, "messages": messages, "stream": True, "user": unit}
     if max_tokens:
         body["max_tokens"] = max_tokens
     t0 = time.perf_counter()
@@ -145,7 +149,8 @@ async def one(client, url: str, model: str, unit: str, max_tokens: int | None) -
     return (ttft if ttft is not None else e2e) * 1000, e2e * 1000
 
 
-async def level(targets: dict[str, str], model: str, concurrency: int, requests: int, rounds: int, max_tokens: int | None) -> dict:
+async def level(targets: dict[str, str], model: str, concurrency: int, requests: int, rounds: int, max_tokens: int | None,
+                messages: list[dict] = MSGS) -> dict:
     import httpx
 
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
@@ -153,7 +158,7 @@ async def level(targets: dict[str, str], model: str, concurrency: int, requests:
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for name, url in targets.items():  # warm-up: connections, JITs, caches
-            await asyncio.gather(*(one(client, url, model, f"w{i}", max_tokens) for i in range(min(concurrency, 8))))
+            await asyncio.gather(*(one(client, url, model, f"w{i}", max_tokens, messages) for i in range(min(concurrency, 8))))
         per_round = max(concurrency, requests // rounds)
         for r in range(rounds):
             for name, url in targets.items():
@@ -162,7 +167,7 @@ async def level(targets: dict[str, str], model: str, concurrency: int, requests:
                 async def worker() -> None:
                     while queue:
                         i = queue.pop()
-                        results[name].append(await one(client, url, model, f"u{r}-{i}", max_tokens))
+                        results[name].append(await one(client, url, model, f"u{r}-{i}", max_tokens, messages))
 
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results
@@ -219,6 +224,26 @@ async def throughput(url: str, pid: int, concurrency: int, requests: int) -> tup
     return requests / wall, requests / cpu if cpu > 0 else float("nan"), cpu / wall
 
 
+def run_worker(args, tmp: Path, procs: list, backend_and_proxies, out: dict) -> None:
+    """The in-repo worker (one model, dense strategy) on ``args.worker``, direct vs behind the proxies."""
+    wp = free_port()
+    strategy_map = tmp / "worker-map.yaml"
+    strategy_map.write_text("experiment: bench\nvariants:\n  dense: {}\n")
+    cli = [sys.executable, "-c", "from ablab.platform.cli import main; main()"]
+    worker = spawn(cli + ["worker", "--port", str(wp), "--device", args.worker, "--strategy-map", str(strategy_map),
+                          "--events-file", str(tmp / "worker-events.jsonl")], tmp / "worker.log")
+    procs.append(worker)
+    wait_up(f"http://127.0.0.1:{wp}/v1/models", worker, tmp / "worker.log", timeout=300)
+    targets = backend_and_proxies(f"http://127.0.0.1:{wp}/v1", "worker")
+    targets.pop("_gw_pid")
+    out["worker"] = {"device": args.worker}
+    for c in [int(x) for x in args.worker_levels.split(",")]:
+        res = asyncio.run(level(targets, "ablab-tiny", c, max(args.worker_requests, c * 2), 2, args.worker_max_tokens,
+                                WORKER_MSGS))
+        out["worker"][c] = report(f"in-repo worker on {args.worker}, {c} concurrent streams "
+                                  f"(max_tokens {args.worker_max_tokens})", res)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--levels", default="1,16,64")
@@ -230,6 +255,11 @@ def main() -> None:
     ap.add_argument("--llama-levels", default="1,16")
     ap.add_argument("--llama-requests", type=int, default=16)
     ap.add_argument("--llama-max-tokens", type=int, default=8)
+    ap.add_argument("--worker", metavar="DEVICE", help="Also measure in front of the in-repo worker's OpenAI "
+                    "endpoints on DEVICE (cpu or cuda): a model the gateway fronts on an accelerator.")
+    ap.add_argument("--worker-levels", default="1,16,64")
+    ap.add_argument("--worker-requests", type=int, default=128)
+    ap.add_argument("--worker-max-tokens", type=int, default=16)
     ap.add_argument("--json", type=Path, help="Write all figures here.")
     args = ap.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
@@ -289,6 +319,13 @@ def main() -> None:
                 for c in [int(x) for x in args.llama_levels.split(",")]:
                     res = asyncio.run(level(targets, "smollm2", c, max(args.llama_requests, c), 1, args.llama_max_tokens))
                     out["llama"][c] = report(f"llama.cpp SmolLM2-135M, {c} concurrent streams (max_tokens {args.llama_max_tokens})", res)
+                for p in procs:
+                    os.killpg(p.pid, signal.SIGTERM)
+                    p.wait(30)
+                procs.clear()
+
+        if args.worker:
+            run_worker(args, tmp, procs, backend_and_proxies, out)
     finally:
         for p in procs:
             try:

@@ -10,12 +10,16 @@ from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, *, revision_reader: bool = False) -> Engine:
+    """The config DB's engine. ``revision_reader``: for one-row reads on every request
+    (the auth revocation counter): autocommit, so no BEGIN/ROLLBACK round trips, and no
+    pre-ping (a dropped connection is retried by the caller instead)."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+        extra = {"isolation_level": "AUTOCOMMIT"} if revision_reader else {}
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **extra)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
@@ -26,6 +30,8 @@ def make_engine(url: str) -> Engine:
             cursor.close()
 
         return engine
+    if revision_reader:
+        return create_engine(url, isolation_level="AUTOCOMMIT", pool_size=4, max_overflow=16)
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 

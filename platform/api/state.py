@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -11,8 +12,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from sqlalchemy import Engine, event, select
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from ablab.platform.assignment import AssignmentConfig
@@ -21,7 +21,6 @@ from ablab.platform.config import Settings
 from ablab.platform.errors import Unauthorized, Unavailable
 from ablab.platform.registry import service
 from ablab.platform.registry.db import make_engine, transaction
-from ablab.platform.registry.models import AuthRevision
 from ablab.platform.registry.schemas import Scope
 
 
@@ -79,7 +78,10 @@ class _Cached:
     expires_at: float | None  # epoch seconds; the key is refused from then on
 
 
-_AUTH_REVISION = select(AuthRevision.revision).where(AuthRevision.id == 1)
+# A constant statement (no input). Run on raw driver connections: SQLAlchemy's pool
+# checkout and result machinery cost ~5x the query itself (docs/benchmarks/control-plane.md).
+_AUTH_REVISION_SQL = "SELECT revision FROM auth_revision WHERE id = 1"
+_IDLE_READERS = 8
 
 
 class TokenCache:
@@ -88,8 +90,8 @@ class TokenCache:
     Every request still reads the one-row revocation counter (``auth_revision``), which
     each revocation bumps in its own transaction: an entry cached under an older counter
     is looked up again, so a revoked key fails on its next request on every API process.
-    The read goes through its own autocommit engine without pre-ping: one primary-key
-    SELECT, one round trip (figures in docs/benchmarks/control-plane.md).
+    The read is one primary-key SELECT on a kept autocommit driver connection, one round
+    trip (cost measured in docs/benchmarks/control-plane.md).
     """
 
     def __init__(self, factory: sessionmaker[Session], revision_engine: Engine, *, ttl_s: float = 30.0) -> None:
@@ -97,17 +99,34 @@ class TokenCache:
         self._engine = revision_engine
         self._ttl_s = ttl_s
         self._entries: dict[str, _Cached] = {}
+        self._idle: list[Any] = []  # driver connections; list pop/append are atomic
 
     def _auth_revision(self) -> int:
         for attempt in (0, 1):
             try:
-                with self._engine.connect() as conn:
-                    return conn.execute(_AUTH_REVISION).scalar() or 0
-            except DBAPIError as exc:
-                if attempt == 0 and exc.connection_invalidated:
-                    continue  # a pooled connection the server dropped: one retry on a fresh one
+                conn = self._idle.pop()
+            except IndexError:
+                conn = None
+            try:
+                if conn is None:
+                    conn = self._engine.raw_connection()
+                cursor = conn.cursor()
+                cursor.execute(_AUTH_REVISION_SQL)
+                row = cursor.fetchone()
+                cursor.close()
+            except Exception as exc:  # noqa: BLE001 - any driver error: drop the connection, retry once
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.invalidate()
+                if attempt == 0:
+                    continue
                 raise Unavailable("cannot check whether the token was revoked: the config database "
                                   "is unreachable; retry shortly") from exc
+            if len(self._idle) < _IDLE_READERS:
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return int(row[0]) if row else 0
         raise AssertionError("unreachable")
 
     def resolve(self, token: str) -> Principal | None:
@@ -137,6 +156,9 @@ class TokenCache:
         return principal
 
     def close(self) -> None:
+        while self._idle:
+            with contextlib.suppress(Exception):
+                self._idle.pop().close()
         self._engine.dispose()
 
 

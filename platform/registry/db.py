@@ -8,17 +8,19 @@ from pathlib import Path
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 
 def make_engine(url: str, *, revision_reader: bool = False) -> Engine:
-    """The config DB's engine. ``revision_reader``: for one-row reads on every request
-    (the auth revocation counter): autocommit, so no BEGIN/ROLLBACK round trips, and no
-    pre-ping (a dropped connection is retried by the caller instead)."""
+    """The config DB's engine. ``revision_reader``: for the one-row read on every request
+    (the auth revocation counter): autocommit, so no BEGIN/ROLLBACK round trips; no pool
+    and no pre-ping, because the caller keeps its own few connections and retries on a
+    fresh one when the server dropped one."""
     if url.startswith("sqlite"):
         path = url.split("///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        extra = {"isolation_level": "AUTOCOMMIT"} if revision_reader else {}
+        extra: dict = {"isolation_level": "AUTOCOMMIT", "poolclass": NullPool} if revision_reader else {}
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **extra)
 
         @event.listens_for(engine, "connect")
@@ -31,7 +33,7 @@ def make_engine(url: str, *, revision_reader: bool = False) -> Engine:
 
         return engine
     if revision_reader:
-        return create_engine(url, isolation_level="AUTOCOMMIT", pool_size=4, max_overflow=16)
+        return create_engine(url, isolation_level="AUTOCOMMIT", poolclass=NullPool)
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 

@@ -122,6 +122,14 @@ class ApiClient:
     def holdouts(self) -> list[dict[str, Any]]:
         return self._json("GET", "/v1/holdouts")
 
+    # -- strategy factors -----------------------------------------------------------------
+    def factors(self) -> dict[str, Any]:
+        """Built-in, gateway and declared factors (``{items, total}``)."""
+        return self._json("GET", "/v1/factors")
+
+    def declare_factor(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._json("POST", "/v1/factors", json=body)
+
     # -- results --------------------------------------------------------------------------
     def results(self, key: str) -> dict[str, Any]:
         return self._json("GET", f"/v1/experiments/{segment(key)}/results")

@@ -1,4 +1,4 @@
-"""Form logic without Streamlit: strategy factor pickers from the schema, weights that
+"""Form logic without Streamlit: strategy factor pickers from the factor catalog, weights that
 sum to 100 %, the split preview, request bodies and field-level validation errors.
 """
 
@@ -11,82 +11,83 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ablab.platform.factors.catalog import FactorCatalog, FactorDef
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentUpdate
 from ablab.platform.strategy import Strategy
 
 
 @dataclass(frozen=True, slots=True)
 class Factor:
-    """One picker: a flat factor name (``compression.tau``) and what the schema allows."""
+    """One picker: a flat factor name (``compression.tau``, ``params.temperature``,
+    ``engine``) and what the catalog allows."""
 
     name: str
-    kind: str  # "enum" | "int" | "float" | "bool" | "str"
+    kind: str  # "enum" | "int" | "float" | "bool" | "str" | "text" (long text) | "json" (a mapping)
     default: Any
     nullable: bool = False
     minimum: float | None = None
     maximum: float | None = None
-    choices: tuple[str, ...] = ()
+    choices: tuple[Any, ...] = ()
     pattern: str | None = None
     help: str = ""
+    origin: str = "builtin"  # builtin | gateway | declared
 
     @property
     def label(self) -> str:
         return self.name.replace(".", " · ").replace("_", " ")
 
 
-def _resolve(schema: Mapping[str, Any], node: Mapping[str, Any]) -> Mapping[str, Any]:
-    ref = node.get("$ref")
-    if ref:
-        return schema["$defs"][ref.rsplit("/", 1)[1]]
-    return node
+_KINDS = {"integer": "int", "number": "float", "boolean": "bool", "string": "str", "object": "json", "enum": "enum"}
 
 
-def _factor(schema: Mapping[str, Any], name: str, node: Mapping[str, Any]) -> Factor:
-    nullable = False
-    options = node.get("anyOf")
-    body = node
-    if options:
-        non_null = [o for o in options if o.get("type") != "null"]
-        nullable = len(non_null) < len(options)
-        body = non_null[0]
-    body = {**_resolve(schema, body), **{k: v for k, v in body.items() if k != "$ref"}}
-    default = node.get("default")
-    if "enum" in body:
-        return Factor(name, "enum", default, nullable, choices=tuple(body["enum"]), help=node.get("description", ""))
-    kind = {"integer": "int", "number": "float", "boolean": "bool"}.get(body.get("type"), "str")
-    return Factor(name, kind, default, nullable, body.get("minimum"), body.get("maximum"),
-                  pattern=body.get("pattern"), help=node.get("description", ""))
+def _picker(d: FactorDef) -> Factor:
+    kind = "text" if d.name == "system_prompt" else _KINDS.get(d.type, "str")
+    # A declared factor left out means its default (or, without one, "not set").
+    nullable = d.nullable or (d.origin == "declared" and d.default is None) or d.origin == "gateway"
+    return Factor(d.name, kind, d.default, nullable, d.min, d.max, tuple(d.values or ()), d.pattern, d.description, d.origin)
 
 
-def strategy_factors() -> list[Factor]:
-    """Every factor the strategy schema defines, nested objects flattened."""
-    schema = Strategy.model_json_schema()
-    out = []
-    for name, node in schema["properties"].items():
-        if name == "schema_version":
-            continue
-        target = _resolve(schema, node)
-        if target.get("type") == "object":
-            for sub, subnode in target["properties"].items():
-                out.append(_factor(schema, f"{name}.{sub}", subnode))
-        else:
-            out.append(_factor(schema, name, node))
-    return out
+def declared_catalog(items: Sequence[Mapping[str, Any]] | None) -> FactorCatalog:
+    """The declared factors of a ``GET /v1/factors`` answer, as a catalog to validate with."""
+    return FactorCatalog(
+        FactorDef(i["name"], i["type"], "declared", tuple(i["values"]) if i.get("values") is not None else None,
+                  i.get("min"), i.get("max"), i.get("default"), i.get("description") or "")
+        for i in items or () if i.get("origin") == "declared"
+    )
+
+
+def strategy_factors(catalog: FactorCatalog | None = None) -> list[Factor]:
+    """Every factor a strategy may set: built-in, gateway, then declared ones."""
+    return [_picker(d) for d in (catalog or FactorCatalog()).all()]
 
 
 def strategy_from_factors(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Flat factor values → the nested strategy dict, keeping only non-default choices."""
+    """Flat factor values → the nested strategy dict, keeping only choices that say
+    something: built-in factors off their default, gateway and declared factors set."""
     defaults = Strategy().factors()
     nested: dict[str, Any] = {}
     for name, value in values.items():
-        if value == defaults.get(name):
+        if (value == defaults[name]) if name in defaults else (value is None or value == "" or value == {}):
             continue
-        if "." in name:
+        if name == "params":
+            nested.setdefault("params", {}).update(value)
+        elif "." in name:  # a built-in object's field, or params.<field>
             head, tail = name.split(".", 1)
             nested.setdefault(head, {})[tail] = value
         else:
             nested[name] = value
     return nested
+
+
+def parse_params(text: str) -> dict[str, Any]:
+    """The ``params`` picker: a JSON object of request-body overrides (empty = none)."""
+    text = text.strip()
+    if not text:
+        return {}
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ValueError('params: write a JSON object such as {"temperature": 0.2, "max_tokens": 256}')
+    return value
 
 
 # -- weights -----------------------------------------------------------------------------
@@ -159,17 +160,18 @@ def _guess_field(message: str) -> str:
     return "form"
 
 
-def validate_create(body: Mapping[str, Any]) -> dict[str, str]:
+def validate_create(body: Mapping[str, Any], catalog: FactorCatalog | None = None) -> dict[str, str]:
+    """Field errors of a create body; with the catalog, strategies are checked as the API does."""
     try:
-        ExperimentCreate.model_validate(body)
+        ExperimentCreate.model_validate(body, context={"factors": catalog} if catalog is not None else None)
     except ValidationError as exc:
         return field_errors(exc)
     return {}
 
 
-def validate_update(body: Mapping[str, Any]) -> dict[str, str]:
+def validate_update(body: Mapping[str, Any], catalog: FactorCatalog | None = None) -> dict[str, str]:
     try:
-        ExperimentUpdate.model_validate(body)
+        ExperimentUpdate.model_validate(body, context={"factors": catalog} if catalog is not None else None)
     except ValidationError as exc:
         return field_errors(exc)
     return {}

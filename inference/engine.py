@@ -16,6 +16,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -87,8 +88,14 @@ class Engine:
             self._cv.notify()
         return req
 
-    def generate(self, prompt_ids: list[int], *, adapter: int = 0, max_new_tokens: int = 8, timeout: float = 60.0) -> GenRequest:
+    def generate(
+        self, prompt_ids: list[int], *, adapter: int = 0, max_new_tokens: int = 8, timeout: float = 60.0,
+        on_submit: Callable[[GenRequest], None] | None = None,
+    ) -> GenRequest:
+        """Run one request to completion; `on_submit` sees it queued (a streamer reads its tokens as they come)."""
         req = self.submit(GenRequest(prompt_ids=prompt_ids, adapter=adapter, max_new_tokens=max_new_tokens))
+        if on_submit is not None:
+            on_submit(req)
         if self._thread is None:
             while not req.done.is_set():
                 self.step(block=False)

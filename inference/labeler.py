@@ -78,7 +78,8 @@ class Labeler:
         if self.rng.random() >= self.cfg.fraction:
             return False
         self.sampled += 1
-        correct = int(str(record["output"]).strip() == str(record["answer"]).strip())
+        # a record may carry its own grade (free-text LLM answers are graded by whoever asked)
+        correct = int(record["correct"]) if "correct" in record else int(str(record["output"]).strip() == str(record["answer"]).strip())
         self.pending.append(_Pending(self.clock() + self.delay(), record["trace_id"], correct))
         self.pending.sort()
         return True

@@ -1,5 +1,8 @@
-"""One registry of strategy components: each factor of :class:`Strategy` is owned by a
-component that checks it against the loaded model and contributes to the serving plan.
+"""One registry of strategy components: the built-in factor pack. Each factor of
+:class:`Strategy` is owned by a component that checks it against the loaded model and
+contributes to the serving plan. A variant's whole strategy (an ``OpenStrategy``, which is
+a ``Strategy``) may also set gateway and declared factors; those are not the runtime's,
+and the plan reads only the built-in ones.
 
 A component returns the reasons it cannot serve a configuration (vLLM backend-registry
 style); :func:`plan_for` raises :class:`StrategyNotServable` with every reason at once.

@@ -65,8 +65,24 @@ class Settings(BaseSettings):
     allocator_floor: float = Field(default=0.05, gt=0, lt=0.5, description="Smallest weight share an arm keeps.")
     allocator_min_change: float = Field(default=0.02, ge=0, description="Re-weight only when a share moves this much.")
     allocator_min_trials: int = Field(default=50, ge=0, description="Labelled requests needed before the first re-weight.")
-    max_event_batch_bytes: int = Field(default=5_000_000, ge=1024, description="Largest accepted ingestion body.")
+    max_body_bytes: int = Field(
+        default=4 * 1024 * 1024, ge=1024,
+        description="Largest request body the API reads (every route; a chunked body is refused as it passes it).")
+    event_max_ahead_s: float = Field(
+        default=300.0, ge=0, description="Ingestion refuses an event time further than this ahead of the receiving clock.")
+    event_max_age_s: float = Field(
+        default=30 * 86_400.0, gt=0, description="Ingestion refuses an event time older than this (the retention).")
+    webhook_tolerance_s: float = Field(
+        default=300.0, gt=0, le=3600, description="A signed webhook's timestamp may be this far from now; each delivery is accepted once.")
+    http_header_timeout_s: float = Field(
+        default=10.0, gt=0, description="A client must send a request's headers within this many seconds.")
+    http_body_timeout_s: float = Field(
+        default=30.0, gt=0, description="A client must send a request's whole body within this many seconds (else 408).")
+    http_max_connections: int = Field(
+        default=1024, ge=1, description="Open connections per API process before new requests get 503.")
     demo_worker_ports: list[int] = Field(default=[8101, 8102], min_length=1, description="`up --demo` worker ports.")
+    demo_gateway_port: int = Field(default=8090, ge=1, le=65535, description="`up --demo` gateway port.")
+    demo_llm_port: int = Field(default=8081, ge=1, le=65535, description="`up --demo` SmolLM2 (llama_cpp.server) port.")
     demo_duration_s: float = Field(default=1800.0, gt=0, description="How long `up --demo` traffic runs.")
     tracing: Literal["off", "console", "otlp"] = Field(default="off", description="OpenTelemetry spans: off, console or OTLP/HTTP.")
     otlp_endpoint: str = Field(default="http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint when tracing=otlp.")

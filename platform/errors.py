@@ -53,6 +53,11 @@ class PayloadTooLarge(AblabError):
     title = "Payload too large"
 
 
+class RequestTimeout(AblabError):
+    status_code = 408
+    title = "Request timeout"
+
+
 class Unavailable(AblabError):
     status_code = 503
     title = "Service unavailable"
@@ -68,5 +73,6 @@ ALL_ERRORS: tuple[type[AblabError], ...] = (
     Unauthorized,
     Forbidden,
     PayloadTooLarge,
+    RequestTimeout,
     Unavailable,
 )

@@ -1,22 +1,34 @@
 """The strategy object: which serving choices a variant makes.
 
-A strategy names only factors the runtime implements (``ablab.inference`` registers a
-component per factor). Unknown fields are rejected with their name, so a typo in an
-experiment YAML never silently serves the default. ``content_hash`` is stable across
-processes and Python versions: it hashes the canonical JSON of the fully-defaulted
-object, so ``{}`` and an explicit all-defaults strategy hash the same. Fields added
-after the schema's first release (``ADDED_FIELDS``) are left out of that JSON while at
-their default, so adding them changed no stored strategy's hash.
+Three kinds of factor, one object:
+
+- **built-in** factors, the in-repo runtime's (:class:`Strategy`; ``ablab.inference``
+  registers a component per factor). Unknown nested fields are refused with their name.
+- **gateway** factors (:class:`OpenStrategy`): ``backend``, ``model``, ``params`` (request
+  body overrides such as ``temperature``) and ``system_prompt``, read by the gateway.
+- **declared** factors: any other top-level key, allowed only when a deployment declared
+  it (``POST /v1/factors``). Validating with ``context={"factors": catalog}`` refuses an
+  undeclared factor by name and a bad value with what is allowed; without a catalog only
+  the form of the key and value is checked (the registry always checks with one).
+
+``content_hash`` is stable across processes and Python versions: it hashes the canonical
+JSON of the fully-defaulted built-in object, so ``{}`` and an explicit all-defaults
+strategy hash the same. Fields added after the schema's first release (``ADDED_FIELDS``),
+gateway factors and declared factors enter that JSON only when set, so adding them
+changed no stored strategy's hash.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
+from collections.abc import Mapping
 from enum import StrEnum
-from typing import Literal
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator, model_serializer, model_validator
 
 STRATEGY_SCHEMA_VERSION = 1
 
@@ -122,5 +134,163 @@ class Strategy(_Frozen):
                 flat[key] = value
         return flat
 
+    @classmethod
+    def runtime_view(cls, strategy: "Mapping[str, Any] | None") -> "Strategy":
+        """The in-repo runtime's typed strategy from any stored strategy mapping: the
+        built-in factors only (gateway and declared factors are not the runtime's)."""
+        data = dict(strategy or {})
+        return Strategy.model_validate({k: v for k, v in data.items() if k in Strategy.model_fields})
+
 
 FACTOR_NAMES: tuple[str, ...] = tuple(Strategy().factors())
+"""Flat names of the built-in (runtime) factors."""
+
+
+# ---------------------------------------------------------------- open strategies
+
+GATEWAY_FACTORS: tuple[str, ...] = ("backend", "model", "params", "system_prompt")
+"""Factors the OpenAI-compatible gateway reads: which backend and model serve, request
+body overrides, and the system prompt placed before the caller's messages."""
+
+DECLARED_NAME = r"^[a-z][a-z0-9_]{0,63}$"
+PARAM_KEY = r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$"
+MAX_PARAMS = 64
+MAX_DECLARED = 64
+MAX_TEXT = 10_000  # characters in one string value of a param or declared factor
+MAX_LIST = 256
+# Body fields a strategy must not override: the caller's request owns them, or another
+# factor does.
+RESERVED_PARAMS: dict[str, str] = {
+    "model": "set the `model` factor instead",
+    "messages": "the caller's messages are not a factor; use `system_prompt` or `prompt_template`",
+    "prompt": "the caller's prompt is not a factor; use `prompt_template`",
+    "stream": "the caller decides whether to stream",
+    "stream_options": "the gateway manages stream options",
+    "user": "the caller's `user` identifies the unit",
+}
+
+_DECLARED_RE = re.compile(DECLARED_NAME)
+_PARAM_RE = re.compile(PARAM_KEY)
+_RESERVED_TOP = frozenset(Strategy.model_fields) | frozenset(GATEWAY_FACTORS)
+
+
+class FactorChecker(Protocol):
+    """What validation needs from a factor catalog (``ablab.platform.factors.catalog``)."""
+
+    def problems(self, strategy: "OpenStrategy") -> list[tuple[str, str]]: ...
+
+
+def json_level(value: Any, where: str, *, lists: bool) -> Any:
+    """A factor level as stored: JSON scalars (integral floats written as integers, so
+    ``1.0`` and ``1`` hash alike) or, where ``lists``, a bounded list of them."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where}: {value} is not a finite number")
+        return int(value) if value.is_integer() and abs(value) < 2**53 else value
+    if isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"{where}: text longer than {MAX_TEXT} characters")
+        return value
+    if isinstance(value, list) and lists:
+        if len(value) > MAX_LIST:
+            raise ValueError(f"{where}: more than {MAX_LIST} items")
+        return [json_level(v, f"{where}[{i}]", lists=False) for i, v in enumerate(value)]
+    allowed = "a JSON scalar or a list of scalars" if lists else "one JSON scalar (number, string, boolean)"
+    raise ValueError(f"{where}: expected {allowed}, got {type(value).__name__}")
+
+
+class OpenStrategy(Strategy):
+    """A variant's whole strategy: built-in, gateway and declared factors.
+
+    It is a :class:`Strategy`, so the in-repo runtime serves it as one (ignoring what is
+    not its own). Dumped, gateway factors appear only when set, so the stored mapping and
+    the content hash of a built-in-only strategy are what they always were.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    backend: str | None = Field(
+        default=None, min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$",
+        description="Name of a backend configured in the gateway; none = the gateway's default.",
+    )
+    model: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=r"^[^\x00-\x1f]+$",
+        description="The `model` sent to the backend; none = the caller's.",
+    )
+    params: dict[str, JsonValue] = Field(
+        default_factory=dict, description="Request-body overrides (temperature, top_p, max_tokens, ...): JSON scalars or lists."
+    )
+    system_prompt: str | None = Field(
+        default=None, min_length=1, max_length=32_768, description="System message placed before the caller's messages."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _declared_form(cls, data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            return data
+        extra = [k for k in data if k not in cls.model_fields]
+        if len(extra) > MAX_DECLARED:
+            raise ValueError(f"at most {MAX_DECLARED} declared factors per strategy, got {len(extra)}")
+        out = dict(data)
+        for name in extra:
+            if not isinstance(name, str) or not _DECLARED_RE.match(name):
+                raise ValueError(f"unknown factor {name!r}: factor names are lowercase letters, digits and _ ({DECLARED_NAME})")
+            out[name] = json_level(data[name], name, lists=False)
+            if out[name] is None:
+                raise ValueError(f"{name}: null is not a level; leave the factor out to use its default")
+        return out
+
+    @field_validator("params")
+    @classmethod
+    def _params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        if len(params) > MAX_PARAMS:
+            raise ValueError(f"at most {MAX_PARAMS} params, got {len(params)}")
+        out = {}
+        for key, value in params.items():
+            if not _PARAM_RE.match(key):
+                raise ValueError(f"params.{key}: names are letters, digits, _ and - ({PARAM_KEY})")
+            if key in RESERVED_PARAMS:
+                raise ValueError(f"params.{key}: not overridable ({RESERVED_PARAMS[key]})")
+            out[key] = json_level(value, f"params.{key}", lists=True)
+        return out
+
+    @model_validator(mode="after")
+    def _declared_values(self, info: ValidationInfo) -> "OpenStrategy":
+        catalog = (info.context or {}).get("factors") if isinstance(info.context, Mapping) else None
+        if catalog is not None:
+            problems = catalog.problems(self)
+            if problems:
+                raise ValueError("; ".join(message for _, message in problems))
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_gateway(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        for name in GATEWAY_FACTORS:
+            if name in data and data[name] in (None, {}):
+                del data[name]
+        return data
+
+    def declared(self) -> dict[str, Any]:
+        """The declared factors this strategy sets."""
+        return dict(self.__pydantic_extra__ or {})
+
+
+def open_strategy(strategy: Mapping[str, Any] | None, *, factors: FactorChecker | None = None) -> OpenStrategy:
+    """Parse a stored or submitted strategy mapping; with ``factors``, check it fully."""
+    return OpenStrategy.model_validate(dict(strategy or {}), context={"factors": factors} if factors is not None else None)
+
+
+def content_hash(strategy: Mapping[str, Any] | None) -> str:
+    """The content hash of any strategy mapping (built-in, gateway and declared factors)."""
+    return open_strategy(strategy).content_hash
+
+
+def reserved_name(name: str) -> bool:
+    """Whether ``name`` belongs to a built-in or gateway factor (or its object)."""
+    return name.split(".", 1)[0] in _RESERVED_TOP and not name.startswith("params.")

@@ -29,6 +29,16 @@ if [ ! -f "$deps/.complete" ]; then
   touch "$deps/.complete"
 fi
 
+# The real-LLM backend (llama-cpp-python + SmolLM2): its wheel builds from source once per
+# version into $CACHE_ROOT/wheels. ABLAB_LLM=wait (the test command) waits for the build with
+# progress; the default starts a missing build in the background so `ablab up --demo` serves
+# at once and the SmolLM2 backend joins when the wheel is ready; ABLAB_LLM=skip leaves it out.
+case "${ABLAB_LLM:-start}" in
+  wait) bash scripts/llm.sh wait "$deps" ;;
+  skip) ;;
+  *) bash scripts/llm.sh start "$deps" ;;
+esac
+
 site_of() { "$1" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])'; }
 if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.deps 2>/dev/null)" != "$deps" ]; then
   rm -rf .venv
@@ -36,7 +46,8 @@ if [ ! -x .venv/bin/python ] || [ "$(cat .venv/.deps 2>/dev/null)" != "$deps" ];
   echo "$(site_of "$deps/bin/python")" > "$(site_of .venv/bin/python)/_ablab_deps.pth"
   echo "$deps" > .venv/.deps
 fi
-# Always re-point the editable install at this checkout (cheap).
+# Always re-point the editable install at this checkout (cheap). requirements.lock is the
+# resolution of ablab[all,test,bench], so the deps venv already holds every extra.
 log=$(mktemp)
 .venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e . >"$log" 2>&1 || { cat "$log" >&2; rm -f "$log"; exit 1; }
 rm -f "$log"

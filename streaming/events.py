@@ -4,8 +4,8 @@ Five event types (CONTRACTS.md, "Events"), one pydantic model each, joined in a
 discriminated union on ``type``. Every event carries the schema version ``v``, its event
 time ``ts`` (ISO-8601 with an explicit offset, normalised to UTC), a ``trace_id`` that
 joins worker-side, client-side, label and billing records of one request, and an
-``event_id`` that makes each record unique (the loader deduplicates on it, so a replayed
-record is never counted twice).
+``event_id`` that makes each record unique (the loader and the Flink job deduplicate on
+it, so a redelivered record is never counted twice).
 
 ``experiment``, ``variant`` and ``unit_id`` are required where the producer knows them
 (``exposure``, ``inference``) and optional on events joined later by ``trace_id``
@@ -16,18 +16,31 @@ typo in a producer is an error with the field named, not a silently missing metr
 :func:`validate_event` turns any raw input into either an :data:`Event` or a
 :class:`Rejection`; it never raises on bad data.
 
+Physical bounds live in one table, :data:`FIELD_BOUNDS`: a latency over a day, a negative
+or non-finite number, a cost over :data:`MAX_COST_USD` is not a measurement and is refused
+with the field named (it would otherwise poison every aggregate it reaches). Event times
+are bounded twice: statically here (:data:`TS_RANGE`, so nothing outside what the stores
+can hold passes any validation), and against the receiving clock at the edge with
+:func:`check_event_time` (a few minutes ahead at most, not older than the retention).
+
+Identity: :func:`derive_event_id` gives a record without an ``event_id`` a deterministic
+one (an inference event from its ``trace_id``, any other from its content); the models
+apply it, and so must every producer that writes to Kafka directly.
+
 The published JSON Schemas under ``streaming/schemas/<type>.json`` are generated from
 these models (``python -m ablab.streaming.events``); a unit test keeps them equal.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import uuid
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, TypeAlias
 
 from pydantic import (
@@ -46,6 +59,8 @@ SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 MAX_EVENT_BYTES = 64 * 1024
 """Largest serialized event accepted (bytes of its JSON)."""
+MAX_JSON_DEPTH = 32
+"""Deepest JSON nesting accepted in an event or an ingestion body (an event is 3 deep)."""
 
 EVENT_TYPES = ("exposure", "inference", "rum", "feedback", "cost")
 SCHEMA_DIR = Path(__file__).parent / "schemas"
@@ -53,11 +68,58 @@ SCHEMA_DIR = Path(__file__).parent / "schemas"
 _ID_PATTERN = r"^[A-Za-z0-9_.:\-]+$"  # printable, no spaces: safe as a Kafka key and in SQL
 
 
+# --- physical bounds ---------------------------------------------------------------------
+
+DAY_S = 86_400.0
+MAX_COST_USD = 1_000_000.0
+"""Ceiling of one cost: a request, or one billed resource over its period."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bound:
+    """The physical range of one numeric field, inclusive: outside it a value is not a measurement."""
+
+    lo: float
+    hi: float
+    unit: str
+    why: str
+
+    def describe(self) -> str:
+        return f"{self.lo:,.0f}..{self.hi:,.0f} {self.unit}".rstrip()
+
+
+FIELD_BOUNDS: Mapping[str, Bound] = MappingProxyType({
+    "ttft_ms": Bound(0.0, DAY_S * 1000, "ms", "a request lasts at most a day"),
+    "e2e_ms": Bound(0.0, DAY_S * 1000, "ms", "a request lasts at most a day"),
+    "tpot_ms": Bound(0.0, DAY_S * 1000, "ms", "a token takes at most a day"),
+    "device_s": Bound(0.0, DAY_S, "s", "a request holds a device for at most a day"),
+    "cost_usd": Bound(0.0, MAX_COST_USD, "USD", f"one cost record is at most {MAX_COST_USD:,.0f} USD"),
+    "prompt_tokens": Bound(0, 10_000_000, "tokens", "no context holds more than 10 M tokens"),
+    "output_tokens": Bound(0, 10_000_000, "tokens", "no request generates more than 10 M tokens"),
+    "score": Bound(-1e9, 1e9, "", "a label score is a bounded grade"),
+})
+"""Per-field bounds every event model takes its numeric constraints from (one source)."""
+
+TS_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC))
+"""Event times any validation accepts, clock-free (ClickHouse DateTime64 holds 1900-2299)."""
+
+
+def bounded(name: str) -> Any:
+    """The pydantic constraints of field ``name`` from :data:`FIELD_BOUNDS`."""
+    bound = FIELD_BOUNDS[name]
+    return Field(ge=bound.lo, le=bound.hi, allow_inf_nan=False, description=f"{bound.unit}; {bound.why}".lstrip("; "))
+
+
+def _iso_ms(moment: datetime) -> str:
+    return moment.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def _utc_timestamp(value: Any) -> Any:
     """Accept an ISO-8601 string or an aware datetime; return an aware UTC datetime.
 
     Naive times are refused: a producer in another zone would otherwise shift every
-    window silently. Numbers are refused too (seconds or milliseconds is a guess).
+    window silently. Numbers are refused too (seconds or milliseconds is a guess). Times
+    outside :data:`TS_RANGE` are refused: no store or watermark can take them.
     """
     if isinstance(value, datetime):
         parsed = value
@@ -70,7 +132,13 @@ def _utc_timestamp(value: Any) -> Any:
         raise ValueError("must be an ISO-8601 string such as 2026-01-31T12:00:00.000Z")
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise ValueError("timestamp needs an explicit UTC offset (end it with Z or +00:00)")
-    return parsed.astimezone(UTC)
+    try:
+        parsed = parsed.astimezone(UTC)
+    except OverflowError:  # 9999-12-31T23:59:59-01:00 is past datetime.max in UTC
+        raise ValueError(f"{value} is outside {TS_RANGE[0].year}..{TS_RANGE[1].year - 1}") from None
+    if not TS_RANGE[0] <= parsed < TS_RANGE[1]:
+        raise ValueError(f"{_iso_ms(parsed)} is outside {TS_RANGE[0].year}..{TS_RANGE[1].year - 1}")
+    return parsed
 
 
 def _bool_as_int(value: Any) -> Any:
@@ -79,8 +147,6 @@ def _bool_as_int(value: Any) -> Any:
 
 UtcTimestamp = Annotated[datetime, BeforeValidator(_utc_timestamp)]
 Identifier = Annotated[str, Field(min_length=1, max_length=128, pattern=_ID_PATTERN)]
-NonNegative = Annotated[float, Field(ge=0.0, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=0, le=10_000_000)]
 
 
 def _field_error(field: str, message: str) -> PydanticCustomError:
@@ -88,19 +154,74 @@ def _field_error(field: str, message: str) -> PydanticCustomError:
     return PydanticCustomError("ablab_field", message, {"field": field})
 
 
-def new_event_id() -> str:
-    return uuid.uuid4().hex
+# --- identity ----------------------------------------------------------------------------
+
+_TIME_FIELDS = frozenset({"ts", "period_start", "period_end"})
+
+
+def derive_event_id(record: Mapping[str, Any]) -> str:
+    """The deterministic ``event_id`` of a record that came without one.
+
+    - ``inference``: from its ``trace_id`` alone. An inference event *is* its request, so
+      every delivery of it (a client retrying after a timeout, a replayed batch, a producer
+      writing to Kafka directly) gets the same id, whatever else differs.
+    - every other type: from its content, the record without ``event_id`` as canonical
+      JSON (sorted keys; null fields dropped; times as UTC milliseconds; ``v`` defaulted;
+      80.0 written as 80, true as 1), so the same record sent twice is one event and two
+      different records are two, and the id of a record as sent equals that of the record
+      as validated (what the models derive).
+
+    128 bits of SHA-256, hex. Any record given its own ``event_id`` keeps it.
+    """
+    kind = record.get("type")
+    trace = record.get("trace_id")
+    if kind == "inference" and isinstance(trace, str) and trace:
+        basis = "inference\x1f" + trace
+    else:
+        content = {k: v for k, v in record.items() if k != "event_id"}
+        content.setdefault("v", SCHEMA_VERSION)
+        basis = "content\x1f" + json.dumps(_canonical(content), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(basis.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+def _canonical(value: Any, key: str | None = None) -> Any:
+    """One spelling per value, so a record as sent and as validated hash alike: no null
+    fields, booleans as 0/1, integral floats as ints, times as UTC milliseconds."""
+    if isinstance(value, Mapping):
+        return {str(k): _canonical(v, str(k)) for k, v in value.items() if v is not None}
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2**53:
+        return int(value)
+    if key in _TIME_FIELDS and isinstance(value, (str, datetime)):
+        try:
+            return _iso_ms(_utc_timestamp(value))
+        except ValueError:
+            return value
+    return value
 
 
 class _EventBase(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
 
     v: Literal[1] = Field(default=SCHEMA_VERSION, description="Schema version of this record.")
-    event_id: Identifier = Field(
-        default_factory=new_event_id, description="Unique per record; set by the producer for idempotent retries."
+    # Never None after validation: _derive_missing_event_id fills it in.
+    event_id: Identifier | None = Field(
+        default=None,
+        description="Unique per record. When absent or null: derived from the trace_id (inference) or the content.",
     )
     ts: UtcTimestamp = Field(description="Event time, ISO-8601 with offset, stored as UTC.")
     trace_id: Identifier = Field(description="Joins one request's worker, client, label and billing records.")
+
+    @model_validator(mode="after")
+    def _derive_missing_event_id(self) -> Any:
+        # After validation, not before: a "before" hook makes pydantic build a dict of every
+        # record, which cost the loader's JSON fast path 60 % even for records that have an id.
+        if self.event_id is None:
+            object.__setattr__(self, "event_id", derive_event_id(self.model_dump(exclude={"event_id"})))
+        return self
 
     @field_validator("v", mode="before")
     @classmethod
@@ -137,13 +258,13 @@ class InferenceEvent(_Assigned):
     """Worker-side measurement of one request (metric definitions: DESIGN.md)."""
 
     type: Literal["inference"]
-    ttft_ms: NonNegative
-    e2e_ms: NonNegative
-    tpot_ms: NonNegative | None = Field(default=None, description="Null when output_tokens <= 1.")
-    prompt_tokens: Count
-    output_tokens: Count
-    device_s: NonNegative = Field(description="Device-seconds attributed to this request.")
-    cost_usd: NonNegative
+    ttft_ms: Annotated[float, bounded("ttft_ms")]
+    e2e_ms: Annotated[float, bounded("e2e_ms")]
+    tpot_ms: Annotated[float, bounded("tpot_ms")] | None = Field(default=None, description="Null when output_tokens <= 1.")
+    prompt_tokens: Annotated[int, bounded("prompt_tokens")]
+    output_tokens: Annotated[int, bounded("output_tokens")]
+    device_s: Annotated[float, bounded("device_s")] = Field(description="Device-seconds attributed to this request.")
+    cost_usd: Annotated[float, bounded("cost_usd")]
     price_version: Identifier = Field(description="Version of the price table used for cost_usd.")
     error: Annotated[str, Field(min_length=1, max_length=256)] | None = Field(
         default=None, description="Error code when the request failed; null on success."
@@ -161,7 +282,7 @@ class RumEvent(_Joined):
     """Client-side (real-user) end-to-end latency of a request."""
 
     type: Literal["rum"]
-    e2e_ms: NonNegative
+    e2e_ms: Annotated[float, bounded("e2e_ms")]
 
 
 class FeedbackEvent(_Joined):
@@ -169,7 +290,7 @@ class FeedbackEvent(_Joined):
 
     type: Literal["feedback"]
     correct: Annotated[Literal[0, 1], BeforeValidator(_bool_as_int)] | None = None
-    score: Annotated[float, Field(ge=-1e9, le=1e9, allow_inf_nan=False)] | None = None
+    score: Annotated[float, bounded("score")] | None = None
     source: Literal["human", "auto", "judge"]
 
     @model_validator(mode="after")
@@ -184,7 +305,7 @@ class CostEvent(_Joined):
 
     type: Literal["cost"]
     trace_id: Identifier | None = None  # type: ignore[assignment]  # a resource-period record has none
-    cost_usd: NonNegative
+    cost_usd: Annotated[float, bounded("cost_usd")]
     resource: Identifier | None = None
     period_start: UtcTimestamp | None = None
     period_end: UtcTimestamp | None = None
@@ -228,10 +349,10 @@ def validate_event(raw: bytes | str | Mapping[str, Any]) -> ExposureEvent | Infe
     """Validate one raw event (JSON bytes/text or an already parsed mapping).
 
     Returns the model, or a :class:`Rejection` naming the first offending field. Never
-    raises for bad input.
+    raises for bad input (JSON nested too deep included).
     """
     if isinstance(raw, (bytes, bytearray, str)):
-        size = len(raw.encode() if isinstance(raw, str) else raw)
+        size = len(raw.encode("utf-8", "surrogatepass") if isinstance(raw, str) else raw)
         if size > MAX_EVENT_BYTES:
             return Rejection("$", f"event is {size} bytes; the limit is {MAX_EVENT_BYTES}")
         try:
@@ -240,19 +361,86 @@ def validate_event(raw: bytes | str | Mapping[str, Any]) -> ExposureEvent | Infe
             return _EVENT_ADAPTER.validate_json(raw)
         except ValidationError:
             pass
-        try:
-            raw = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            return Rejection("$", f"malformed JSON: {exc}")
+        parsed = parse_json(raw)
+        if isinstance(parsed, Rejection):
+            return parsed
+        raw = parsed
     if not isinstance(raw, Mapping):
         return Rejection("$", f"an event must be a JSON object, got {type(raw).__name__}")
+    if json_depth_exceeds(raw, MAX_JSON_DEPTH):
+        return _too_deep()
     version = raw.get("v", SCHEMA_VERSION)
     if version not in SUPPORTED_VERSIONS or isinstance(version, bool):
-        return Rejection("v", f"unsupported schema version {version!r}; supported: {list(SUPPORTED_VERSIONS)}")
+        return Rejection("v", f"unsupported schema version {_short(version)}; supported: {list(SUPPORTED_VERSIONS)}")
     try:
         return _EVENT_ADAPTER.validate_python(raw)
     except ValidationError as exc:
         return _first_rejection(exc)
+
+
+def parse_json(raw: bytes | bytearray | str, *, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` that returns a :class:`Rejection` for malformed or too deeply nested input.
+
+    A body nested deeper than the interpreter's recursion limit makes ``json.loads`` raise
+    ``RecursionError``; anything nested deeper than ``max_depth`` is refused as well, so no
+    later recursive step (validation, ``repr``, ``json.dumps``) can hit that limit.
+    """
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        return _too_deep(max_depth)
+    except (ValueError, UnicodeDecodeError) as exc:
+        return Rejection("$", f"malformed JSON: {exc}")
+    if json_depth_exceeds(value, max_depth):
+        return _too_deep(max_depth)
+    return value
+
+
+def json_depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether parsed JSON nests objects/arrays more than ``limit`` deep (iterative: no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        kind = type(node)  # exact types first: parsed JSON is dicts and lists, ABC checks are slow
+        if kind is dict or (kind is not list and isinstance(node, Mapping)):
+            children: Any = node.values()
+        elif kind is list or isinstance(node, tuple):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return True
+        for child in children:
+            if type(child) in _CONTAINERS or (not isinstance(child, _SCALARS) and isinstance(child, (Mapping, tuple))):
+                stack.append((child, depth + 1))
+    return False
+
+
+_CONTAINERS = (dict, list)
+_SCALARS = (str, int, float, type(None))
+
+
+def _too_deep(limit: int = MAX_JSON_DEPTH) -> Rejection:
+    return Rejection("$", f"JSON nested more than {limit} levels deep; events are 3 deep")
+
+
+def check_event_time(event: Any, *, now: datetime, max_ahead_s: float, max_age_s: float) -> Rejection | None:
+    """Refuse an event time more than ``max_ahead_s`` ahead of the receiving clock ``now``, or
+    older than ``max_age_s`` (the retention; settings ``event_max_ahead_s``, ``event_max_age_s``).
+
+    The edge's check (the API calls it with the time a request arrived): one event time in
+    the future would move its partition's watermark there and make every later event late.
+    """
+    ts = event.ts
+    if ts > now + timedelta(seconds=max_ahead_s):
+        ahead = (ts - now).total_seconds()
+        return Rejection("ts", f"{_iso_ms(ts)} is {ahead:,.0f} s ahead of the receiving clock ({_iso_ms(now)}); "
+                               f"at most {max_ahead_s:,.0f} s is accepted: check the producer's clock")
+    if ts < now - timedelta(seconds=max_age_s):
+        age = (now - ts).total_seconds()
+        return Rejection("ts", f"{_iso_ms(ts)} is {age:,.0f} s old; events older than {max_age_s:,.0f} s "
+                               f"(the retention) are refused")
+    return None
 
 
 def _first_rejection(exc: ValidationError) -> Rejection:
@@ -262,16 +450,22 @@ def _first_rejection(exc: ValidationError) -> Rejection:
         return Rejection("type", f"missing `type`; one of {list(EVENT_TYPES)}")
     if kind == "union_tag_invalid":
         got = error["input"].get("type") if isinstance(error.get("input"), Mapping) else None
-        return Rejection("type", f"`type` must be one of {list(EVENT_TYPES)}; got {got!r}")
+        return Rejection("type", f"`type` must be one of {list(EVENT_TYPES)}; got {_short(got)}")
     if kind == "ablab_field":
         return Rejection(error["ctx"]["field"], message)
     path = ".".join(str(part) for part in loc[1:])  # loc[0] is the discriminator tag
     if kind == "extra_forbidden":
         return Rejection(path, "unknown field")
     message = message.removeprefix("Value error, ")
+    bound = FIELD_BOUNDS.get(path)
+    if bound is not None and kind in _BOUND_ERRORS:
+        message = f"{message}; {bound.why} (range {bound.describe()})"
     if kind != "missing" and "input" in error:
         message = f"{message} (got {type(error['input']).__name__} {_short(error['input'])})"
     return Rejection(path or "$", message)
+
+
+_BOUND_ERRORS = frozenset({"greater_than_equal", "less_than_equal", "finite_number"})
 
 
 def _short(value: Any) -> str:

@@ -1,6 +1,7 @@
 """Create / edit an experiment without writing JSON.
 
-Strategy factors come from the strategy schema (valid ranges included), weights always
+Strategy factors come from the factor catalog: built-in, gateway and declared factors
+with their allowed values or ranges (the panel on the New page declares more); weights always
 sum to 100 %, errors appear under the field at fault, and saving an edit sends the
 version it was based on (``If-Match``), so a concurrent change is reported, not lost.
 """
@@ -18,10 +19,13 @@ from ablab.dashboards.format import STATUS_BADGES, fmt_pct, metric_label
 from ablab.dashboards.views.common import Context, call, field_error, goto
 from ablab.platform.assignment.targeting import Op
 from ablab.platform.stats.metrics import METRICS
-from ablab.platform.strategy import Strategy
+from ablab.dashboards.views.strategy import factors_panel, load_catalog, strategy_picker
+from ablab.platform.factors.catalog import FactorCatalog
+from ablab.platform.strategy import Strategy, open_strategy
 
 MAX_VARIANTS = 8
 UNITS = ("user", "session", "request")
+BASELINE = Strategy().factors()
 GUARDRAIL_DEFAULTS = ("ttft_ms_p95", "accuracy", "error_rate", "e2e_ms_p95", "cost_usd")
 
 
@@ -31,49 +35,17 @@ def _init(key: str, value: Any) -> None:
 
 
 # -- pieces --------------------------------------------------------------------------------
-def _factor_widget(prefix: str, factor: forms.Factor, level: Any, *, disabled: bool) -> Any:
-    key = f"{prefix}_{factor.name}"
-    label = factor.label
-    hint = factor.help + (f" Range {factor.minimum:g}–{factor.maximum:g}." if factor.minimum is not None and factor.maximum is not None else "")
-    if factor.kind == "enum":
-        choices = list(factor.choices)
-        _init(key, level if level in choices else factor.default)
-        return st.selectbox(label, choices, key=key, help=hint or None, disabled=disabled)
-    if factor.kind == "bool":
-        _init(key, bool(level))
-        return st.checkbox(label, key=key, help=hint or None, disabled=disabled)
-    if factor.kind in ("int", "float"):
-        is_int = factor.kind == "int"
-        cast = int if is_int else float
-        _init(key, None if level is None else cast(level))
-        lo = cast(factor.minimum) if factor.minimum is not None else None
-        hi = cast(factor.maximum) if factor.maximum is not None else None
-        if factor.nullable:
-            hint = (hint + " Leave empty for none.").strip()
-        value = st.number_input(label, min_value=lo, max_value=hi, step=1 if is_int else 0.01, key=key,
-                                help=hint or None, disabled=disabled, placeholder="none" if factor.nullable else None,
-                                format=None if is_int else "%.3f")
-        if value is None and not factor.nullable:
-            return factor.default
-        return value
-    _init(key, level or "")
-    text = st.text_input(label, key=key, help=(hint + " Lowercase letters, digits, - and _.").strip(), disabled=disabled,
-                         placeholder="none" if factor.nullable else None)
-    return (text.strip() or None) if factor.nullable else text.strip()
-
-
-def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[str, str], *, disabled: bool) -> tuple[list[dict[str, Any]], str]:
+def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[str, str], factors: list[forms.Factor],
+              *, disabled: bool) -> tuple[list[dict[str, Any]], str]:
     defaults = current or [{"key": "control", "weight": 50, "strategy": {}}, {"key": "treatment", "weight": 50, "strategy": {}}]
     _init(f"{prefix}_nvar", len(defaults))
     n = int(st.number_input("Number of variants", min_value=2, max_value=MAX_VARIANTS, key=f"{prefix}_nvar", disabled=disabled))
     total = sum(float(v["weight"]) for v in defaults) or 1.0
     start = [round(100 * float(v["weight"]) / total) for v in defaults] if len(defaults) == n else forms.even_weights(n)
-    factors = forms.strategy_factors()
     out: list[dict[str, Any]] = []
     weights: list[int] = []
     for i in range(n):
         base = defaults[i] if i < len(defaults) else {"key": f"variant_{i + 1}", "strategy": {}}
-        levels = Strategy.model_validate(base.get("strategy") or {}).factors()
         with st.container(border=True):
             c1, c2 = st.columns([2, 3])
             kkey = f"{prefix}_v{i}_key"
@@ -92,13 +64,9 @@ def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[st
             weights.append(int(w))
             field_error(errors, f"variants.{i}.key", f"variants.{i}.weight")
             with st.expander(f"Strategy of `{vkey or '?'}`", expanded=False):
-                cols = st.columns(3)
-                values = {f.name: None for f in factors}
-                for j, factor in enumerate(factors):
-                    with cols[j % 3]:
-                        values[factor.name] = _factor_widget(f"{prefix}_v{i}", factor, levels.get(factor.name), disabled=disabled)
-                field_error(errors, f"variants.{i}.strategy")
-            out.append({"key": vkey.strip(), "weight": w, "strategy": forms.strategy_from_factors(values)})
+                strategy = strategy_picker(f"{prefix}_v{i}", base.get("strategy"), factors, errors, f"variants.{i}.strategy",
+                                           disabled=disabled)
+            out.append({"key": vkey.strip(), "weight": w, "strategy": strategy})
     field_error(errors, "variants")
     keys = [v["key"] for v in out if v["key"]]
     return out, ", ".join(keys)
@@ -195,7 +163,8 @@ def _split(weights: dict[str, float], traffic: float, holdout: float) -> None:
 
 
 # -- the form ------------------------------------------------------------------------------
-def _form(ctx: Context, prefix: str, current: dict[str, Any] | None, errors: dict[str, str], *, creating: bool) -> dict[str, Any]:
+def _form(ctx: Context, prefix: str, current: dict[str, Any] | None, errors: dict[str, str], catalog: FactorCatalog, *,
+          creating: bool) -> dict[str, Any]:
     body: dict[str, Any] = {}
     st.subheader("Basics")
     c1, c2 = st.columns(2)
@@ -255,7 +224,7 @@ def _form(ctx: Context, prefix: str, current: dict[str, Any] | None, errors: dic
         st.checkbox("Change variants or weights (starts a new phase: units are reshuffled, earlier data kept apart)",
                     key=f"{prefix}_newphase")
         lock = not st.session_state[f"{prefix}_newphase"]
-    variants, _ = _variants(prefix, (current or {}).get("variants"), errors, disabled=lock)
+    variants, _ = _variants(prefix, (current or {}).get("variants"), errors, forms.strategy_factors(catalog), disabled=lock)
     body["variants"] = [{**v, "weight": float(v["weight"])} for v in variants]
     keys = [v["key"] for v in variants if v["key"]] or ["control"]
     _init(f"{prefix}_control", (current or {}).get("control", keys[0]))
@@ -283,12 +252,16 @@ def render_new(ctx: Context) -> None:
         st.warning("Your token is read-only (viewer): ask an editor to create experiments.", icon="🔒")
         return
     prefix = "new"
+    if st.session_state.get("flash"):
+        st.success(st.session_state.pop("flash"))
+    catalog, listed = load_catalog(ctx)
+    factors_panel(ctx, listed)
     errors = st.session_state.get(f"{prefix}_errors", {})
     if errors.get("form"):
         st.error(errors["form"], icon="⚠️")
-    body = _form(ctx, prefix, None, errors, creating=True)
+    body = _form(ctx, prefix, None, errors, catalog, creating=True)
     if st.button("Create experiment", type="primary", key="new_submit"):
-        found = forms.validate_create(body)
+        found = forms.validate_create(body, catalog)
         if not found:
             try:
                 created = ctx.client.create_experiment(body)
@@ -403,12 +376,13 @@ def render_edit(ctx: Context, key: str | None) -> None:
     if not ctx.can_edit:
         _summary(latest)
     else:
-        body = _form(ctx, prefix, snapshot, errors, creating=False)
+        catalog, _ = load_catalog(ctx)
+        body = _form(ctx, prefix, snapshot, errors, catalog, creating=False)
         wanted = forms.diff_update(snapshot, body)
         if "new_phase" in body:
             wanted["new_phase"] = True
         if st.button("Save changes", type="primary", key="edit_save", disabled=not wanted):
-            found = forms.validate_update(wanted)
+            found = forms.validate_update(wanted, catalog)
             if not found:
                 try:
                     ctx.client.update_experiment(key, wanted, version=version)
@@ -431,8 +405,8 @@ def _summary(exp: dict[str, Any]) -> None:
     st.subheader("Variants")
     st.dataframe(pd.DataFrame([{"Variant": v["key"] + (" (control)" if v["key"] == exp["control"] else ""),
                                 "Weight": fmt_pct(v["weight"] / (sum(x["weight"] for x in exp["variants"]) or 1), digits=0),
-                                "Strategy": ", ".join(f"{k}={val}" for k, val in Strategy.model_validate(v["strategy"]).factors().items()
-                                                      if val != Strategy().factors()[k]) or "baseline"}
+                                "Strategy": ", ".join(f"{k}={val}" for k, val in open_strategy(v["strategy"]).factors().items()
+                                                      if val != BASELINE.get(k)) or "baseline"}
                                for v in exp["variants"]]), hide_index=True, width="stretch")
     if exp.get("guardrails"):
         st.subheader("Guardrails")

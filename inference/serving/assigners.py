@@ -52,8 +52,9 @@ class StaticAssigner:
 class SdkAssigner:
     """Local evaluation through ``ablab.platform.sdk.AblabClient``; the worker logs exposure itself."""
 
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, experiments: tuple[str, ...] | None = None):
         self.client = client
+        self.experiments = experiments  # only these (a worker serves its runtime's experiments; None: all)
 
     def assign(self, unit_id: str, attributes: Mapping[str, Any] | None = None) -> list[Any]:
-        return self.client.assign(unit_id, attributes, log_exposure=False)
+        return self.client.assign(unit_id, attributes, experiments=self.experiments, log_exposure=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -113,8 +114,12 @@ class InferenceService:
         return [1.0, *s.clamp(0, 1).tolist()]
 
     # ------------------------------------------------------------------ serving
-    def serve(self, *, text: str, domain: str, plan: ServingPlan, started: float | None = None, max_new_tokens: int | None = None) -> Served:
-        """Serve one request under `plan`; `started` is the request's perf_counter start."""
+    def serve(
+        self, *, text: str, domain: str, plan: ServingPlan, started: float | None = None, max_new_tokens: int | None = None,
+        on_submit: Callable[[GenRequest], None] | None = None,
+    ) -> Served:
+        """Serve one request under `plan`; `started` is the request's perf_counter start;
+        `on_submit` sees the first generation queued (its ``tokens`` grow as it decodes)."""
         t0 = started if started is not None else time.perf_counter()
         adapter = self.resolve_adapter(plan, domain)
         n_new = max_new_tokens or self.max_new_tokens
@@ -123,7 +128,7 @@ class InferenceService:
             ids, full_len, ratio = self.prompt_ids(text, domain=domain, plan=plan)
             prep_s = time.perf_counter() - t_prep if plan.compression[0] == "entropy" else 0.0
             eng = self.engine(plan)
-            req = eng.generate(ids, adapter=eng.executor.adapter_row(adapter), max_new_tokens=n_new)
+            req = eng.generate(ids, adapter=eng.executor.adapter_row(adapter), max_new_tokens=n_new, on_submit=on_submit)
         except (ValueError, KeyError) as exc:
             now = time.perf_counter()
             return Served("", 0, 0, now - t0, now - t0, 0.0, 0.0, False, adapter, 1.0, error=f"bad_request: {exc}"[:256])

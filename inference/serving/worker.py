@@ -1,4 +1,5 @@
-"""The inference worker: HTTP JSON in/out.
+"""The inference worker: HTTP JSON in/out (``/v1/infer``), and the OpenAI protocol
+(``/v1/chat/completions``, ``/v1/completions``, ``/v1/models``; see ``openai_api``).
 
 Per request: start the clock (``perf_counter``), ask the assigner which strategy serves
 the unit, resolve it through the strategy registry, run it, compute cost from the
@@ -21,7 +22,7 @@ from ablab.inference.serving import events as ev
 from ablab.inference.serving.assigners import Assigner
 from ablab.inference.serving.service import InferenceService
 from ablab.inference.tasks import DOMAINS
-from ablab.platform.strategy import Strategy
+from ablab.platform.strategy import Strategy, open_strategy
 
 
 class InferRequest(BaseModel):
@@ -80,7 +81,7 @@ class Worker:
         assignments = self.assigner.assign(request.unit_id, {"domain": request.domain, **request.attributes})
         chosen = assignments[0] if assignments else None
         try:
-            strategy = Strategy.model_validate(dict(chosen.strategy)) if chosen else self.default_strategy
+            strategy = open_strategy(chosen.strategy) if chosen else self.default_strategy
         except ValidationError as exc:
             raise StrategyNotServable([f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()]) from exc
         plan = plan_for(strategy, self.service.context)  # raises StrategyNotServable with reasons
@@ -151,6 +152,10 @@ def create_app(worker: Worker):
         if response.overloaded:  # shed past its TTFT SLO: a client or balancer should retry elsewhere
             return JSONResponse(response.model_dump(mode="json"), status_code=503, headers={"Retry-After": "1"})
         return response
+
+    from ablab.inference.serving.openai_api import register_openai_routes
+
+    register_openai_routes(app, worker)  # the same model as an OpenAI-compatible backend
 
     @app.get("/healthz")
     def healthz() -> Mapping[str, Any]:

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI
 
 from ablab.platform.api import problems
+from ablab.platform.api.limits import BodyLimitMiddleware
 from ablab.platform.api.routers import assign, experiments, health, ingest, keys, layers, results
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
+from ablab.platform.factors import router as factors_router
 from ablab.platform.registry.db import make_engine, make_sessionmaker
 
 # Components started with the app (loader, ingestion) register here: name → factory that
@@ -90,7 +92,8 @@ class _Ingest:
     """The emitter behind the ingestion routes; it spools to disk while Kafka is down."""
 
     def __init__(self, state: AppState) -> None:
-        from ablab.streaming.ingest import IngestStats
+        from ablab.platform.api.webhooks import SqlReplayGuard
+        from ablab.streaming.ingest import EdgeLimits, IngestStats
         from ablab.streaming.kafka.emitter import emitter_from_settings
 
         from ablab.streaming.kafka.spool import SpoolLockedError
@@ -106,11 +109,20 @@ class _Ingest:
         else:
             raise RuntimeError("all 64 API spool slots are locked; too many API workers on one ABLAB_HOME")
         self.stats = IngestStats()
+        self.limits = EdgeLimits.from_settings(state.settings)
+        self.replay_guard = SqlReplayGuard(state.engine)
         self._state = state
+        self._variants: tuple[object, dict[str, frozenset[str]]] = (None, {})
         state.extras["ingest"] = self
 
-    def known_experiment(self, key: str) -> bool:
-        return any(e.key == key for e in self._state.assignments.current().config.experiments)
+    def variants_of(self, key: str) -> Collection[str] | None:
+        """The variants of a live (not stopped) experiment, from the assignment config."""
+        config = self._state.assignments.current().config
+        seen, variants = self._variants
+        if seen is not config:  # rebuilt only when the registry revision moved
+            variants = {e.key: frozenset(v.key for v in e.variants) for e in config.experiments}
+            self._variants = (config, variants)
+        return variants.get(key)
 
     def close(self) -> None:
         # With the broker gone, waiting to deliver is pointless: spool what is left at once
@@ -175,6 +187,10 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
     for module in (assign, health, experiments, layers, keys, results, ingest):
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
+    app.include_router(factors_router.router)
+    ingest.install_openapi(app)
+    # Outermost last: the metrics middleware also sees the body limit's 413/408 answers.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)
     app.add_middleware(_MetricsMiddleware)
     from ablab.platform import telemetry
 

@@ -186,6 +186,10 @@ class Metrics:
         self.assignments = Counter(
             "ablab_assignments", "Assignments returned", ["experiment", "variant"], registry=self.registry
         )
+        self.bodies_refused = Counter(
+            "ablab_http_bodies_refused", "Request bodies refused before the route read them (too large, too slow)",
+            ["reason"], registry=self.registry,
+        )
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Each concern keeps its commands in its own module here, exposing ``register(app)``.
 Modules import their heavy dependencies (torch, pyflink, chdb) inside the command
-bodies, so ``ablab --help`` stays fast.
+bodies, so ``ablab --help`` stays fast and the light install (``pip install ablab``: the
+SDK and the gateway) runs every command it can; the others name the extra they need.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ COMMAND_MODULES = (
     "analysis",
     "dashboard",
     "stack",
+    "gateway",
 )
 
 app = typer.Typer(
@@ -47,5 +49,30 @@ def _register_all() -> None:
 _register_all()
 
 
+# Top-level module -> the extra that installs it (pyproject.toml's optional dependencies).
+EXTRA_OF = {
+    "sqlalchemy": "server", "alembic": "server", "psycopg": "server", "scipy": "server", "pandas": "server",
+    "pyarrow": "server", "clickhouse_connect": "server", "chdb": "server", "kafka": "server",
+    "pyflink": "stream", "torch": "inference", "streamlit": "dashboard", "altair": "dashboard", "openai": "gateway",
+}
+
+
+def missing_extra(exc: ModuleNotFoundError) -> str | None:
+    """The extra that provides the module `exc` failed to import, if it is one of ours."""
+    return EXTRA_OF.get((exc.name or "").partition(".")[0])
+
+
 def main() -> None:
-    app()
+    try:
+        app()
+    except ModuleNotFoundError as exc:
+        extra = missing_extra(exc)
+        if extra is None:
+            raise
+        from rich.markup import escape
+
+        from ablab.platform.cli._common import console
+
+        console.print(f"[bold red]error:[/] this command needs `{exc.name}`, which the light install leaves out")
+        console.print("[dim]next:[/] " + escape(f"pip install 'ablab[{extra}]' (or 'ablab[all]'; scripts/bootstrap.sh installs everything)"))
+        raise SystemExit(1) from None

@@ -17,6 +17,8 @@ def api(
     """Serve the HTTP API (OpenAPI docs at /docs)."""
     import uvicorn
 
+    from ablab.platform.api.server import uvicorn_options
+
     settings = get_settings()
     if migrate:
         from ablab.platform.registry.migrate import upgrade
@@ -32,6 +34,7 @@ def api(
         workers=workers,
         log_level=settings.log_level.lower(),
         access_log=False,
+        **uvicorn_options(settings),
     )
 
 

@@ -1,9 +1,10 @@
 """`ablab apply -f EXP.yaml`: create or update experiments through the API, idempotently.
 
 The file holds one experiment (the body of ``POST /v1/experiments``), a list of them, or
-a mapping with ``layers``, ``holdouts`` and ``experiments`` lists. An optional
-``status: running|paused|stopped`` per experiment is reached through the lifecycle
-endpoints. Applying the same file twice changes nothing the second time.
+a mapping with ``factors``, ``layers``, ``holdouts`` and ``experiments`` lists. Declared
+factors (the body of ``POST /v1/factors``) are applied first, so the experiments below
+may set them. An optional ``status: running|paused|stopped`` per experiment is reached
+through the lifecycle endpoints. Applying the same file twice changes nothing the second time.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ def _load(path: Path) -> dict[str, list[dict[str, Any]]]:
         docs = [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
     except (OSError, yaml.YAMLError) as exc:
         fail(f"cannot read {path}: {exc}")
-    plan: dict[str, list[dict[str, Any]]] = {"layers": [], "holdouts": [], "experiments": []}
+    plan: dict[str, list[dict[str, Any]]] = {"factors": [], "layers": [], "holdouts": [], "experiments": []}
     for doc in docs:
         if isinstance(doc, list):
             plan["experiments"].extend(doc)
-        elif isinstance(doc, dict) and {"layers", "holdouts", "experiments"} & doc.keys():
+        elif isinstance(doc, dict) and plan.keys() & doc.keys():
             for kind in plan:
                 plan[kind].extend(doc.get(kind) or [])
         elif isinstance(doc, dict):
@@ -50,19 +51,61 @@ def _problem(response: Any) -> str:
         return response.text[:300]
 
 
-def _normalized_variants(variants: list[dict[str, Any]]) -> list[tuple[str, float, str]]:
-    from ablab.platform.strategy import Strategy
+def _normalized_variants(variants: list[dict[str, Any]]) -> list[tuple[str, float, str | None]]:
+    from pydantic import ValidationError
 
-    return [(v["key"], float(v["weight"]), Strategy.model_validate(v.get("strategy") or {}).content_hash) for v in variants]
+    from ablab.platform.strategy import content_hash
+
+    def digest(strategy: Any) -> str | None:
+        try:
+            return content_hash(strategy)
+        except (ValidationError, TypeError):
+            return None  # the API refuses it with the field named
+
+    return [(v.get("key"), float(v.get("weight", 0)), digest(v.get("strategy"))) for v in variants]
+
+
+FACTOR_FIELDS = {"type": None, "values": None, "min": None, "max": None, "default": None, "description": ""}
+
+
+def _apply_factors(http: Any, items: list[dict[str, Any]], dry_run: bool) -> list[tuple[str, str, str]]:
+    """Declare or update the file's factors; an identical declaration is left alone."""
+    if not items:
+        return []
+    current = {f["name"]: f for f in http.get("/v1/factors").raise_for_status().json()["items"]}
+    results = []
+    for item in items:
+        name = item.get("name") if isinstance(item, dict) else None
+        if not name:
+            fail("a factor in the file has no name")
+        have = current.get(name)
+        if have is not None and have["origin"] != "declared":
+            fail(f"factor {name}: it is a {have['origin']} factor; declare a name of your own (or params.<field>)")
+        desired = {k: item.get(k, d) for k, d in FACTOR_FIELDS.items()}
+        if have is None:
+            if not dry_run:
+                r = http.post("/v1/factors", json=item)
+                if r.status_code not in (200, 201):
+                    fail(f"factor {name}: {_problem(r)}", hint="fix the field named above in the YAML")
+            results.append(("factor", name, "would declare" if dry_run else "declared"))
+        elif any(_differs(v, have.get(k)) or (v is None) != (have.get(k) is None) for k, v in desired.items()):
+            if not dry_run:
+                r = http.put(f"/v1/factors/{name}", json=desired)
+                if r.status_code != 200:
+                    fail(f"factor {name}: {_problem(r)}")
+            results.append(("factor", name, "would update" if dry_run else "updated"))
+        else:
+            results.append(("factor", name, "unchanged"))
+    return results
 
 
 def apply(
-    file: Path = typer.Option(..., "-f", "--file", exists=True, dir_okay=False, help="YAML with experiments."),
+    file: Path = typer.Option(..., "-f", "--file", exists=True, dir_okay=False, help="YAML with experiments (and factors, layers, holdouts)."),
     api_url: str = typer.Option(None, envvar="ABLAB_API_URL", help="API base URL."),
     token: str = typer.Option(..., envvar="ABLAB_TOKEN", help="Editor token (ablab keys create --scope editor)."),
     dry_run: bool = typer.Option(False, help="Show what would change; change nothing."),
 ) -> None:
-    """Create or update experiments (and layers, holdouts) from YAML. Idempotent."""
+    """Create or update experiments (and declared factors, layers, holdouts) from YAML. Idempotent."""
     import httpx
 
     plan = _load(file)
@@ -73,6 +116,7 @@ def apply(
             http.get("/healthz")
         except httpx.HTTPError:
             fail(f"the API at {base} is not reachable", hint="start it with `ablab api` or set ABLAB_API_URL")
+        results += _apply_factors(http, plan["factors"], dry_run)
         for kind in ("layers", "holdouts"):
             existing = {item["key"] for item in http.get(f"/v1/{kind}").raise_for_status().json()}
             for item in plan[kind]:

@@ -93,8 +93,10 @@ def worker(
     events_file: Path = typer.Option(None, help="Write events as JSON lines here instead of POSTing them."),
     device: str = typer.Option("auto", help="cpu, cuda, or auto."),
     threads: int = typer.Option(1, min=1, help="torch intra-op threads."),
+    experiment: list[str] = typer.Option(None, "--experiment", help="Only assign these experiments (repeatable; default all)."),
 ) -> None:
-    """Serve the inference endpoint POST /v1/infer (strategy chosen per unit by the SDK)."""
+    """Serve the inference endpoint POST /v1/infer (strategy chosen per unit by the SDK), and
+    the same model as an OpenAI-compatible backend (/v1/chat/completions, /v1/completions)."""
     import torch
     import uvicorn
     import yaml
@@ -121,7 +123,7 @@ def worker(
         client = AblabClient(api_url=api_url or settings.api_url, token=token)
         if not client.wait_ready(10):
             console.print("[yellow]SDK config not fetched yet; serving defaults until it arrives[/]")
-        assigner = SdkAssigner(client)
+        assigner = SdkAssigner(client, tuple(experiment) if experiment else None)
     sink = _sink(api_url, token, events_file)
     w = Worker(service=InferenceService(shipped_bundle(), device=device), assigner=assigner, sink=sink)
     console.print(f"[green]ablab worker[/] on http://{host}:{port} (device {device})")
@@ -184,7 +186,63 @@ def labeler(
         console.print(f"offered {lab.offered}, sampled {lab.sampled}, emitted {lab.emitted}, pending {len(lab.pending)}")
 
 
+def llm_traffic(
+    gateway_url: str = typer.Option("http://127.0.0.1:8090", help="The ablab gateway in front of the LLM."),
+    rate: float = typer.Option(1.0, min=0.01, help="Mean requests per second."),
+    duration: float = typer.Option(600.0, min=0.1, help="Seconds."),
+    users: int = typer.Option(200, min=1),
+    ledger: Path = typer.Option(Path("llm-ledger.jsonl"), help="Graded answers for `ablab labeler`."),
+    wait_for: str = typer.Option(None, help="An OpenAI base URL (without /v1) to wait for first, e.g. the SmolLM2 backend."),
+    api_url: str = typer.Option(None),
+    token: str = typer.Option(None, envvar=TOKEN_ENV),
+    events_file: Path = typer.Option(None, help="Write rum events here instead of POSTing them."),
+    seed: int = typer.Option(5),
+) -> None:
+    """Ask questions with known answers through the gateway (official openai client); grade the replies."""
+    import time
+
+    from ablab.inference import llamacpp
+    from ablab.platform.stack.llm_demo import run_llm_traffic
+
+    sink = _sink(api_url, token, events_file)
+    if wait_for:
+        last = ""
+        while not llamacpp.ready(wait_for):  # the SmolLM2 backend joins once its wheel is built
+            state = llamacpp.build_state()
+            message = state.describe() if state.state != "installed" else f"waiting for {wait_for} to serve"
+            if message != last:
+                console.print(f"waiting: {message}")
+                last = message
+            time.sleep(5)
+    result = run_llm_traffic(gateway_url=gateway_url, rate=rate, duration_s=duration, users=users, sink=sink, ledger=ledger, seed=seed)
+    sink.close()
+    out.print_json(json.dumps({"sent": result.sent, "ok": result.ok, "failed": result.failed, "correct": result.correct,
+                               "errors": result.errors}))
+
+
+def llm(
+    host: str = typer.Option("127.0.0.1"),
+    port: int = typer.Option(8081, min=1, max=65535, help="Clients (or `ablab gateway`) use http://HOST:PORT/v1."),
+    threads: int = typer.Option(1, min=1, help="llama.cpp threads."),
+) -> None:
+    """Serve SmolLM2-135M-Instruct with llama.cpp's OpenAI-compatible server (model `smollm2`);
+    waits for the llama-cpp-python wheel build first, showing its progress."""
+    import os
+
+    from ablab.inference import llamacpp
+
+    try:
+        llamacpp.wait_installed(report=lambda message: console.print(f"waiting: {message}"))
+        argv = llamacpp.server_argv(port=port, host=host, threads=threads)
+    except llamacpp.BackendUnavailable as exc:
+        fail(str(exc), hint="bash scripts/llm.sh status")
+    console.print(f"[green]SmolLM2[/] on http://{host}:{port}/v1 (llama_cpp.server, model {llamacpp.MODEL_ALIAS!r})")
+    os.execv(argv[0], argv)  # the server becomes this process: the supervisor's pid and signals reach it
+
+
 def register(app: typer.Typer) -> None:
+    app.command("llm")(llm)
+    app.command("llm-traffic")(llm_traffic)
     app.command("train")(train)
     app.command("worker")(worker)
     app.command("traffic")(traffic)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -99,6 +100,7 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  #
         services.append(Service("outbox", [ablab, "outbox", "--api-url", api], lambda: True, env=sdk_env))
         for i, wport in enumerate(settings.demo_worker_ports):
             services.append(Service(f"worker-{i}", [ablab, "worker", "--port", str(wport), "--api-url", api, "--device", "cpu",
+                                                    "--experiment", "demo-serving",
                                                     *events_file(f"worker-{i}")],
                                     http_ok(f"http://127.0.0.1:{wport}/healthz"), env=sdk_env, start_timeout_s=180))
         for i, wport in enumerate(settings.demo_worker_ports):
@@ -110,7 +112,50 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  #
                                                      "--delay-median-min", "0.2", "--api-url", api, "--seed", str(11 + i),
                                                      *events_file(f"labeler-{i}")],
                                     lambda: True, env=sdk_env))
+        services.extend(_llm_services(settings, api, sdk_env, events_file))
     return services
+
+
+def _llm_services(settings: Settings, api: str, sdk_env: dict[str, str], events_file) -> list:  # noqa: ANN001
+    """SmolLM2 behind llama_cpp.server and the in-repo worker, both behind `ablab gateway`;
+    graded questions through the gateway. The SmolLM2 backend starts without blocking `up`:
+    it joins when its wheel build is done (`ablab status` shows the progress)."""
+    from ablab.platform.stack.processes import Service, http_ok
+
+    ablab = _ablab()
+    llm = f"http://127.0.0.1:{settings.demo_llm_port}"
+    gateway = f"http://127.0.0.1:{settings.demo_gateway_port}"
+    ledger = str(settings.home / "run" / "ledger-llm.jsonl")
+    return [
+        Service("llm", [ablab, "llm", "--port", str(settings.demo_llm_port)], http_ok(f"{llm}/v1/models"), env=sdk_env,
+                background=True),
+        Service("gateway", [ablab, "gateway", "--port", str(settings.demo_gateway_port), "--config", str(_gateway_config(settings)),
+                            "--api-url", api, "--experiment", LLM_EXPERIMENT], http_ok(f"{gateway}/healthz"), env=sdk_env),
+        Service("llm-traffic", [ablab, "llm-traffic", "--gateway-url", gateway, "--wait-for", llm, "--rate", "0.5",
+                                "--duration", f"{settings.demo_duration_s:g}", "--ledger", ledger, "--api-url", api,
+                                *events_file("llm-traffic")], lambda: True, env=sdk_env),
+        Service("llm-labeler", [ablab, "labeler", "--ledger", ledger, "--fraction", "1.0", "--delay-median-min", "0.2",
+                                "--api-url", api, "--seed", "13", *events_file("llm-labeler")], lambda: True, env=sdk_env),
+    ]
+
+
+LLM_EXPERIMENT = "demo-llm"
+
+
+def _gateway_config(settings: Settings) -> Path:
+    """The demo gateway's backends: SmolLM2 (llama.cpp) and the first in-repo worker, both on this CPU."""
+    import yaml
+
+    path = settings.home / "run" / "gateway.yaml"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump({
+        "backends": {
+            "smollm2": {"url": f"http://127.0.0.1:{settings.demo_llm_port}/v1", "kind": "llamacpp", "price": {"device": "cpu"}},
+            "tiny": {"url": f"http://127.0.0.1:{settings.demo_worker_ports[0]}/v1", "kind": "openai", "price": {"device": "cpu"}},
+        },
+        "default_backend": "tiny",
+    }))
+    return path
 
 
 def _apply_demo(settings: Settings, tokens: dict[str, str]) -> None:
@@ -143,13 +188,15 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
             except RuntimeError as exc:
                 progress.stop()
                 fail(str(exc), hint="`ablab status` shows what runs; `ablab down` stops it; logs are in " + str(supervisor.log_dir))
-            progress.update(task, description=f"[green]{service.name}[/] {result}", completed=1, total=1)
+            progress.update(task, description=f"[green]{service.name}[/] {escape(result)}", completed=1, total=1)
             if demo and service.name == "api":
                 _apply_demo(settings, tokens or {})
     out.print(f"ablab is up: API http://{settings.api_host}:{settings.api_port}/docs · "
               f"dashboard http://127.0.0.1:{settings.dashboard_port} · logs {supervisor.log_dir}")
     if tokens:
-        out.print(f"demo experiment 'demo-serving' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+        out.print(f"demo experiments 'demo-serving' and '{LLM_EXPERIMENT}' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+        out.print(f"gateway (OpenAI-compatible) http://127.0.0.1:{settings.demo_gateway_port}/v1 · SmolLM2 joins when its "
+                  "wheel is built (`ablab status` shows the progress)")
 
 
 def down() -> None:
@@ -172,14 +219,19 @@ def status() -> None:
     settings = get_settings()
     supervisor = Supervisor(settings.home)
     table = Table(title=f"ablab stack ({settings.home})")
-    for column in ("service", "pid", "healthy"):
+    for column in ("service", "pid", "healthy", "note"):
         table.add_column(column)
     for service in _services(settings, demo=True, tokens={"sdk": "", "admin": ""}):
         pid = supervisor.pid(service.name)
         healthy = service.health() if (pid or service.detaches) else False
         if pid is None and not (service.detaches and healthy):
             continue
-        table.add_row(service.name, str(pid or "-"), "[green]yes[/]" if healthy else "[red]no[/]")
+        note = ""
+        if service.name == "llm" and not healthy:
+            from ablab.inference.llamacpp import build_state
+
+            note = build_state().describe()
+        table.add_row(service.name, str(pid or "-"), "[green]yes[/]" if healthy else ("[yellow]joining[/]" if note else "[red]no[/]"), note)
     out.print(table)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, event, text
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, event, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -156,6 +156,17 @@ class RegistryRevision(Base):
 
     id: Mapped[int] = mapped_column(primary_key=True)
     revision: Mapped[int] = mapped_column(Integer, default=0)
+
+
+class WebhookDelivery(Base):
+    """A signed webhook delivery already accepted, kept until its timestamp leaves the
+    tolerance window (then the timestamp check refuses it): replay protection shared by
+    every API process."""
+
+    __tablename__ = "webhook_deliveries"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    expires_at: Mapped[int] = mapped_column(BigInteger, index=True)
 
 
 @event.listens_for(AuditEntry, "before_update")

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from ablab.platform.assignment.targeting import MAX_ATTRIBUTE_NAME_CHARS, MAX_PATTERN_CHARS, Condition, Op
-from ablab.platform.strategy import Strategy
+from ablab.platform.strategy import OpenStrategy
 
 KEY_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,63}$"
 MAX_RULES = 32  # targeting rules per experiment: each is evaluated on every assignment
@@ -44,7 +44,7 @@ class _Strict(BaseModel):
 class VariantIn(_Strict):
     key: str = Field(pattern=KEY_PATTERN)
     weight: float = Field(gt=0, le=1_000_000)
-    strategy: Strategy = Strategy()
+    strategy: OpenStrategy = OpenStrategy()
 
 
 class VariantOut(BaseModel):

@@ -11,6 +11,7 @@ from sqlalchemy.orm.exc import StaleDataError
 
 from ablab.platform.assignment.payload import config_from_payload  # noqa: F401 - re-exported
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed
+from ablab.platform.factors.service import check_strategies
 from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, utcnow
 from ablab.platform.registry.schemas import (
     AuditRead,
@@ -199,6 +200,7 @@ def list_experiments(
 def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, bucket_space: int) -> Experiment:
     if session.scalar(select(Experiment.id).where(Experiment.key == data.key)) is not None:
         raise Conflict(f"experiment '{data.key}' already exists", field="key")
+    check_strategies(session, data.variants)
     layer = holdout = None
     lo = hi = None
     if data.layer is not None:
@@ -262,6 +264,7 @@ def update_experiment(
         raise Invalid("the update changes nothing; send at least one field", field="body")
 
     control = data.control if data.control is not None else exp.control
+    check_strategies(session, data.variants)
     if data.variants is not None:
         current = [(v.key, v.weight, v.strategy_hash) for v in exp.variants]
         proposed = [(v.key, v.weight, v.strategy.content_hash) for v in data.variants]

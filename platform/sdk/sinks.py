@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-import uuid
 from typing import Any, Protocol
 
 import httpx
@@ -47,8 +46,10 @@ class HttpEventSink:
 
     ``emit`` only enqueues, so it never blocks the caller; a failed batch is retried with
     backoff, and events stay queued (bounded) while the API is unreachable. Each event gets
-    its ``event_id`` here, at emit time (unless it has one), so a batch re-posted after a
-    lost response carries the same ids and the pipeline counts it once.
+    its ``event_id`` here, at emit time (unless it has one), by the same rule as the API
+    (:func:`ablab.streaming.events.derive_event_id`: an inference event's id comes from its
+    trace_id, any other's from its content), so a batch re-posted after a lost response, or
+    an event emitted twice, carries the same id and the pipeline counts it once.
 
     Events live in memory until the API accepts them: a SIGKILLed process loses what is
     queued (at most ``flush_interval_s`` of events while the API is up). Where that matters,
@@ -77,8 +78,10 @@ class HttpEventSink:
         self._thread.start()
 
     def emit(self, event: dict[str, Any]) -> None:
-        if "event_id" not in event:
-            event = {**event, "event_id": uuid.uuid4().hex}
+        if event.get("event_id") is None:
+            from ablab.streaming.events import derive_event_id
+
+            event = {**event, "event_id": derive_event_id(event)}
         try:
             self._queue.put_nowait(event)
         except queue.Full:

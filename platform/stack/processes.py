@@ -30,6 +30,10 @@ class Service:
     # Services such as the Kafka broker manage their own process: start and stop commands.
     stop_argv: list[str] | None = None
     detaches: bool = False
+    # Optional and started without waiting for health: it joins when ready (the SmolLM2
+    # backend waits for its wheel build; `ablab status` shows the progress), and if it
+    # cannot run at all the rest of the stack still comes up.
+    background: bool = False
 
 
 def http_ok(url: str) -> Callable[[], bool]:
@@ -98,7 +102,7 @@ class Supervisor:
         if service.detaches:
             if service.health():
                 return "reused"
-        elif (pid := self.pid(service.name)) is not None and self._await_running(service, pid):
+        elif (pid := self.pid(service.name)) is not None and (service.background or self._await_running(service, pid)):
             return "reused"
         log = open(self.log_dir / f"{service.name}.log", "ab")  # noqa: SIM115 - handed to the child
         env = {**os.environ, **service.env}
@@ -113,15 +117,20 @@ class Supervisor:
         else:
             self.pidfile(service.name).write_text(str(process.pid))
             self._children[service.name] = process
-        deadline = time.monotonic() + service.start_timeout_s
+        deadline = time.monotonic() + (5.0 if service.background else service.start_timeout_s)
         while time.monotonic() < deadline:
             if service.health():
                 return "started"
             if not service.detaches and process.poll() is not None:
+                if service.background:  # optional: the rest of the stack runs without it
+                    last = self.tail(service.name, 1).strip()
+                    return f"not running (exit {process.returncode}): {last}"
                 raise RuntimeError(
                     f"{service.name} exited with {process.returncode}; last lines of its log:\n" + self.tail(service.name)
                 )
             time.sleep(0.5)
+        if service.background:
+            return "started; joins when ready (`ablab status`)"
         raise RuntimeError(f"{service.name} did not become healthy in {service.start_timeout_s:.0f} s:\n" + self.tail(service.name))
 
     def _await_running(self, service: Service, pid: int) -> bool:

@@ -94,8 +94,14 @@ def _design(levels, variants, control, factors):
     return terms, np.column_stack(cols)
 
 
+def _level_label(level: Any) -> str:
+    """Short enough for a table: a long level (a system prompt) is cut, keeping its start."""
+    text = str(level)
+    return text if len(text) <= 48 else text[:45] + "..."
+
+
 def _term_name(term) -> str:
-    return " × ".join(f"{f}={lv}" for f, lv in term) if term else "intercept"
+    return " × ".join(f"{f}={_level_label(lv)}" for f, lv in term) if term else "intercept"
 
 
 def _normal(est: float, var: float, alpha: float) -> dict[str, Any]:
@@ -177,11 +183,20 @@ def _shapley(levels, variants, control, best, factors, terms, A, y, var, alpha) 
             "sum_of_shares": float(sum(s["estimate"] for s in out))}
 
 
-def strategy_levels(spec: ExperimentSpec) -> dict[str, dict[str, Any]]:
-    """Flat factor → level map per variant via the Strategy schema (defaults filled in)."""
-    from ablab.platform.strategy import Strategy
+def strategy_levels(spec: ExperimentSpec, defaults: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Flat factor → level map per variant: built-in factors with their defaults filled in,
+    gateway factors (``backend``, ``model``, ``system_prompt``, ``params.<field>``) and
+    declared factors, where ``defaults`` (declared factors' defaults) fills what a variant
+    leaves out. A factor a variant does not set has level None (the backend's default)."""
+    from ablab.platform.strategy import open_strategy
 
-    return {v.key: Strategy.model_validate(dict(v.strategy)).factors() for v in spec.variants}
+    levels = {}
+    for v in spec.variants:
+        flat = open_strategy(v.strategy).factors()
+        for name, default in (defaults or {}).items():
+            flat.setdefault(name, default)
+        levels[v.key] = flat
+    return levels
 
 
 def attribute(
@@ -190,10 +205,11 @@ def attribute(
     stats: Mapping[str, VariantStats],
     levels: Mapping[str, Mapping[str, Any]] | None = None,
     metrics: Sequence[str] = ATTRIBUTION_METRICS,
+    factor_defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ``GET /v1/experiments/{key}/attribution`` object (JSON-ready)."""
     stats = {v.key: stats.get(v.key) or empty_variant() for v in spec.variants}
-    levels = dict(levels) if levels is not None else strategy_levels(spec)
+    levels = dict(levels) if levels is not None else strategy_levels(spec, factor_defaults)
     arms = {name: {v: arm_estimate(spec, METRICS[name], s) for v, s in stats.items()} for name in {*metrics, *PARETO_OBJECTIVES}}
     points = {v: {k: arms[k][v][0] for k in PARETO_OBJECTIVES} for v in stats}
     factorial = {}

@@ -1,7 +1,8 @@
 """key expiry, one active key per name, the auth revision counter, experiment archiving
 
 Revision ID: 0002
-Revises: 0001
+Revises: 0004 (numbered 0002 when assigned; 0003 and 0004 landed first, so it follows them
+and the chain stays linear: 0001 -> 0003 -> 0004 -> 0002)
 Create Date: 2026-12-04 16:30:00
 """
 from alembic import op
@@ -9,7 +10,7 @@ import sqlalchemy as sa
 
 
 revision = '0002'
-down_revision = '0001'
+down_revision = '0004'
 branch_labels = None
 depends_on = None
 

@@ -1,7 +1,9 @@
 """Event ingestion: validate and forward to Kafka (``ablab.streaming.ingest`` does the work).
 
 Per-event problems never fail a batch: valid events go on, invalid ones are dead-lettered
-and listed; the whole request is refused only when it cannot be read at all.
+and listed; the whole request is refused only when it cannot be read at all. The body's
+size and read time are bounded for every route by the app's body-limit middleware; the
+validation runs in the thread pool, so a large batch never holds the event loop.
 """
 
 from __future__ import annotations
@@ -10,10 +12,11 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from ablab.platform.api.deps import Sdk, StateDep
 from ablab.platform.api.problems import problem, responses
-from ablab.platform.errors import PayloadTooLarge, Unauthorized, Unavailable
+from ablab.platform.errors import AblabError, Conflict, PayloadTooLarge, RequestTimeout, Unauthorized, Unavailable
 
 router = APIRouter(prefix="/v1", tags=["ingestion"])
 
@@ -25,62 +28,102 @@ def _pipeline(state: StateDep) -> Any:
     return pipeline
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"body of {declared} bytes is over the {limit}-byte limit; send smaller batches", field="body")
-    body = await request.body()
-    if len(body) > limit:
-        raise PayloadTooLarge(f"body of {len(body)} bytes is over the {limit}-byte limit; send smaller batches", field="body")
-    return body
-
-
-def _run(call: Any, **kwargs: Any) -> JSONResponse:
+async def _run(call: Any, **kwargs: Any) -> JSONResponse:
     from ablab.streaming.ingest import IngestRejected
 
     try:
-        result = call(**kwargs)
+        result = await run_in_threadpool(lambda: call(**kwargs))
     except IngestRejected as exc:
-        return problem(exc.status_code, "Rejected", exc.message, field=exc.field)
+        return problem(exc.status_code, _TITLES.get(exc.status_code, "Rejected"), exc.message, field=exc.field)
     return JSONResponse(result.as_dict(), status_code=202)
 
 
-_BODY = {"requestBody": {"content": {"application/json": {"schema": {"type": "object"}}}, "required": True}}
+_TITLES = {400: "Bad request", 401: "Unauthorized", 409: "Conflict", 413: "Payload too large"}
+_ERRORS: tuple[type[AblabError], ...] = (AblabError, PayloadTooLarge, RequestTimeout, Unavailable)
+_REF = "#/components/schemas/"
 
 
-@router.post("/events", status_code=202, responses=responses(PayloadTooLarge), openapi_extra=_BODY)
+def _body(schema_name: str, list_key: str) -> dict[str, Any]:
+    """One item, a list of items, or ``{list_key: [...]}``: what the ingest accepts (published
+    so clients and the API fuzz test see the real event shapes)."""
+    item = {"$ref": _REF + schema_name}
+    batch = {"type": "array", "items": item, "maxItems": 1000}
+    wrapped = {"type": "object", "properties": {list_key: batch}, "required": [list_key], "additionalProperties": False}
+    schema = {"anyOf": [item, batch, wrapped]}
+    return {"requestBody": {"content": {"application/json": {"schema": schema}}, "required": True}}
+
+
+def _components() -> dict[str, Any]:
+    """The event models' JSON Schemas as OpenAPI components, plus the label and billing record shapes."""
+    import json
+
+    from ablab.streaming.events import json_schemas
+
+    union = json.loads(json.dumps(json_schemas()["event"]).replace("#/$defs/", _REF))
+    components: dict[str, Any] = union.pop("$defs")
+    components["Event"] = {k: v for k, v in union.items() if not k.startswith("$")}
+
+    def relaxed(name: str, optional: set[str], extra: dict[str, Any]) -> dict[str, Any]:
+        schema = json.loads(json.dumps(components[name]))
+        schema["required"] = [f for f in schema.get("required", []) if f not in optional]
+        schema["properties"].update(extra)
+        return schema
+
+    components["Label"] = relaxed("FeedbackEvent", {"type", "ts"}, {})
+    components["BillingRecord"] = relaxed("CostEvent", {"type", "ts"}, {"id": {"type": "string", "maxLength": 128}})
+    return components
+
+
+def install_openapi(app: Any) -> None:
+    """Add the event shapes the ingestion routes' request bodies refer to."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()
+            schema.setdefault("components", {}).setdefault("schemas", {}).update(_components())
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+
+@router.post("/events", status_code=202, responses=responses(*_ERRORS), openapi_extra=_body("Event", "events"))
 async def post_events(request: Request, state: StateDep, _: Sdk) -> JSONResponse:
     """A batch of events (`{"events": [...]}`, a list, or one event) → Kafka; 202 with counts."""
     from ablab.streaming.ingest import ingest_events
 
     pipeline = _pipeline(state)
-    body = await _body(request, state.settings.max_event_batch_bytes)
-    return _run(ingest_events, body=body, sink=pipeline.emitter, stats=pipeline.stats, known_experiment=pipeline.known_experiment)
+    body = await request.body()
+    return await _run(ingest_events, body=body, sink=pipeline.emitter, stats=pipeline.stats,
+                      variants_of=pipeline.variants_of, limits=pipeline.limits)
 
 
-@router.post("/feedback", status_code=202, responses=responses(PayloadTooLarge), openapi_extra=_BODY)
+@router.post("/feedback", status_code=202, responses=responses(*_ERRORS), openapi_extra=_body("Label", "labels"))
 async def post_feedback(request: Request, state: StateDep, _: Sdk) -> JSONResponse:
     """Labels `{trace_id, correct?, score?, source}` (one, a list, or `{"labels": [...]}`)."""
     from ablab.streaming.ingest import ingest_feedback
 
     pipeline = _pipeline(state)
-    body = await _body(request, state.settings.max_event_batch_bytes)
-    return _run(ingest_feedback, body=body, sink=pipeline.emitter, stats=pipeline.stats)
+    body = await request.body()
+    return await _run(ingest_feedback, body=body, sink=pipeline.emitter, stats=pipeline.stats,
+                      variants_of=pipeline.variants_of, limits=pipeline.limits)
 
 
-@router.post("/webhooks/billing", status_code=202, responses=responses(PayloadTooLarge, Unauthorized), openapi_extra=_BODY)
+@router.post("/webhooks/billing", status_code=202, responses=responses(*_ERRORS, Unauthorized, Conflict),
+             openapi_extra=_body("BillingRecord", "records"))
 async def post_billing(
     request: Request,
     state: StateDep,
     x_ablab_signature: Annotated[str | None, Header()] = None,
     x_ablab_timestamp: Annotated[str | None, Header()] = None,
 ) -> JSONResponse:
-    """Cost records from a billing provider, authenticated by an HMAC-SHA256 signature."""
+    """Cost records from a billing provider, authenticated by an HMAC-SHA256 signature; each
+    signed delivery is accepted once (a replay answers 409)."""
     from ablab.streaming.ingest import ingest_billing
 
     pipeline = _pipeline(state)
-    body = await _body(request, state.settings.max_event_batch_bytes)
-    return _run(
+    body = await request.body()
+    return await _run(
         ingest_billing,
         body=body,
         signature=x_ablab_signature,
@@ -88,4 +131,7 @@ async def post_billing(
         secret=state.settings.webhook_secret.get_secret_value(),
         sink=pipeline.emitter,
         stats=pipeline.stats,
+        replay_guard=pipeline.replay_guard,
+        variants_of=pipeline.variants_of,
+        limits=pipeline.limits,
     )

@@ -10,6 +10,7 @@ from ablab.platform.analytics import service as analytics
 from ablab.platform.api.deps import SessionDep, StateDep, Viewer
 from ablab.platform.api.problems import responses
 from ablab.platform.errors import Invalid, NotFound, Unavailable
+from ablab.platform.factors import service as factors
 from ablab.platform.registry import service as registry
 
 router = APIRouter(prefix="/v1/experiments", tags=["results"])
@@ -42,5 +43,5 @@ def experiment_timeseries(
 
 @router.get("/{key}/attribution", responses=responses(NotFound, Invalid, Unavailable))
 def experiment_attribution(key: str, session: SessionDep, state: StateDep, _: Viewer) -> dict[str, Any]:
-    exp = registry.to_read(registry.get_experiment(session, key))
+    exp = factors.with_declared_defaults(session, registry.to_read(registry.get_experiment(session, key)))
     return analytics.attribution(_client(state), exp)

@@ -87,3 +87,49 @@ def test_http_errors_name_the_field(worker_url):
     assert r.status_code == 422 and "unit_id" in r.text
     r = httpx.get(f"{url}/v1/strategies")
     assert {"sparse-ffn", "sharded-kv", "lora", "batching", "precision"} <= {c["name"] for c in r.json()["components"]}
+
+
+def test_openai_client_chat_and_completions_stream_and_not(worker_url):
+    """The official openai client against the worker's OpenAI surface: the same answer
+    streamed and not, usage on request, the runtime strategy from the body."""
+    import openai
+
+    url, sink = worker_url
+    before = len(sink.events)
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    assert [m.id for m in client.models.list().data] == ["ablab-tiny"]
+
+    messages = [{"role": "system", "content": "ignored"}, {"role": "user", "content": "47+85="}]
+    full = client.chat.completions.create(model="ablab-tiny", messages=messages, max_tokens=8, temperature=0.7)
+    assert full.object == "chat.completion" and full.choices[0].message.role == "assistant"
+    answer = full.choices[0].message.content
+    assert answer and full.usage.completion_tokens >= 1
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+
+    chunks = list(client.chat.completions.create(model="ablab-tiny", messages=messages, max_tokens=8, stream=True,
+                                                 stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert "".join(deltas) == answer  # greedy decoding: the stream spells the same answer
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] in ("stop", "length")
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+
+    plain = list(client.chat.completions.create(model="ablab-tiny", messages=messages, max_tokens=8, stream=True))
+    assert all(c.choices for c in plain) and all(c.usage is None for c in plain)  # no usage chunk unless asked
+
+    text = client.completions.create(model="ablab-tiny", prompt="47+85=", max_tokens=8)
+    assert text.object == "text_completion" and text.choices[0].text == answer
+    streamed = client.completions.create(model="ablab-tiny", prompt="47+85=", max_tokens=8, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == answer
+
+    sparse = client.chat.completions.create(model="ablab-tiny", messages=messages, max_tokens=8,
+                                            extra_body={"ablab_strategy": {"sparse_ffn_k": 256, "precision": "int8"}})
+    assert sparse.choices[0].message.content  # served under that runtime strategy
+    with pytest.raises(openai.BadRequestError, match="ablab_strategy"):
+        client.chat.completions.create(model="ablab-tiny", messages=messages, extra_body={"ablab_strategy": {"no_such_factor": 1}})
+    with pytest.raises(openai.BadRequestError, match="512"):
+        client.chat.completions.create(model="ablab-tiny", messages=[{"role": "user", "content": "1" * 600}])
+    raw = client.chat.completions.with_raw_response.create(model="ablab-tiny", messages=messages, max_tokens=2,
+                                                           extra_headers={"X-Request-Id": "trace-abc"})
+    assert raw.headers["x-request-id"] == "trace-abc" and raw.parse().id == "chatcmpl-trace-abc"
+    assert len(sink.events) == before  # a backend, not an experiment: whatever fronts it emits events

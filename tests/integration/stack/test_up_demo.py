@@ -1,7 +1,8 @@
 """`ablab up --demo` on a clean ABLAB_HOME with free ports: windows and attribution appear, `down` leaves nothing.
 
 Real parts throughout: the Maven-jar Kafka broker, the API with embedded chdb and its
-loader, the PyFlink mini-cluster job, two torch workers, traffic and labelers.
+loader, the PyFlink mini-cluster job, two torch workers, traffic and labelers, and
+SmolLM2 behind llama_cpp.server behind `ablab gateway`, asked graded questions.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from ablab_testing import ABLAB, server_ports
 
 import subprocess
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = pytest.mark.timeout(900)
 
 
 def _port_free(port: int) -> bool:
@@ -57,9 +58,9 @@ def _variants_with_windows(ts: object) -> set[str]:
 def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path: Path) -> None:
     # outside the ephemeral range: these servers start only after migrations and other
     # outgoing connections, any of which could take a bind(0) port first
-    base = server_ports(6)
+    base = server_ports(8)
     kafka_port = base  # and its controller on base + 1
-    api_port, dash_port, w0, w1 = base + 2, base + 3, base + 4, base + 5
+    api_port, dash_port, w0, w1, gateway_port, llm_port = base + 2, base + 3, base + 4, base + 5, base + 6, base + 7
     env = {
         **os.environ,
         "ABLAB_HOME": str(tmp_path / "home"),
@@ -68,9 +69,11 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         "ABLAB_DASHBOARD_PORT": str(dash_port),
         "ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{kafka_port}",
         "ABLAB_DEMO_WORKER_PORTS": json.dumps([w0, w1]),
+        "ABLAB_DEMO_GATEWAY_PORT": str(gateway_port),
+        "ABLAB_DEMO_LLM_PORT": str(llm_port),
         "ABLAB_DEMO_DURATION_S": "600",
     }
-    ports = [kafka_port, api_port, dash_port, w0, w1]
+    ports = [kafka_port, api_port, dash_port, w0, w1, gateway_port, llm_port]
     run_dir = tmp_path / "home" / "run"
     try:
         first = subprocess.run([ABLAB, "up", "--demo"], env=env, capture_output=True, text=True, timeout=420, check=False)
@@ -103,6 +106,25 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         assert {m["variant"] for m in results["metrics"]} >= want
         assert attribution, "empty attribution"
         assert any(attribution.get(k) for k in ("pareto", "frontier", "factors", "effects", "shapley")), attribution
+
+        # the real LLM: SmolLM2 behind llama.cpp, behind the gateway, graded answers as labels
+        llm_want = {"helpful-t0", "helpful-t1", "terse-t0", "terse-t1"}
+        llm: dict = {}
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            r = api.get("/v1/experiments/demo-llm/results")
+            if r.status_code == 200:
+                llm = r.json()
+                labeled = {m["variant"] for m in llm.get("metrics", []) if m["metric"] == "accuracy" and m.get("n")}
+                if labeled >= llm_want:
+                    break
+            time.sleep(5)
+        tail = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log") if p.name.startswith(("llm", "gateway"))}
+        by_metric = {(m["metric"], m["variant"]): m for m in llm.get("metrics", [])}
+        assert all(("accuracy", v) in by_metric for v in llm_want), f"demo-llm has no graded variants: {json.dumps(llm)[:2000]}\n{tail}"
+        assert all(by_metric[("e2e_ms", v)]["estimate"] > 0 for v in llm_want if ("e2e_ms", v) in by_metric)
+        status = subprocess.run([ABLAB, "status"], env=env, capture_output=True, text=True, timeout=60, check=False)
+        assert "gateway" in status.stdout and "llm" in status.stdout, status.stdout
     finally:
         pids = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid")} if run_dir.exists() else {}
         down = subprocess.run([ABLAB, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)

@@ -12,7 +12,9 @@ from ablab.platform.strategy import FACTOR_NAMES, Strategy
 
 def test_every_strategy_factor_has_a_picker_with_its_range():
     factors = {f.name: f for f in forms.strategy_factors()}
-    assert set(factors) == set(FACTOR_NAMES)
+    assert {n for n, f in factors.items() if f.origin == "builtin"} == set(FACTOR_NAMES)
+    assert {n: f.kind for n, f in factors.items() if f.origin == "gateway"} == {
+        "backend": "str", "model": "str", "params": "json", "system_prompt": "text"}
     assert factors["precision"].choices == ("fp32", "bf16", "int8")
     assert (factors["kv_shards"].minimum, factors["kv_shards"].maximum) == (1, 64)
     assert factors["compression.tau"].kind == "float" and factors["compression.tau"].maximum == 1.0
@@ -80,3 +82,27 @@ def test_diff_update_sends_only_changes():
 def test_boolean_factors_get_a_checkbox_kind():
     shed = {f.name: f for f in forms.strategy_factors()}["batching.shed_late"]
     assert shed.kind == "bool" and shed.default is False
+
+
+def test_declared_factors_get_pickers_and_nest_into_the_strategy():
+    listed = [
+        {"name": "engine", "origin": "declared", "type": "enum", "values": ["vllm", "sglang"], "default": "vllm"},
+        {"name": "params.temperature", "origin": "declared", "type": "number", "min": 0, "max": 2, "default": None},
+        {"name": "precision", "origin": "builtin", "type": "enum", "values": ["fp32"]},  # built-ins are not re-declared
+    ]
+    catalog = forms.declared_catalog(listed)
+    assert set(catalog.declared) == {"engine", "params.temperature"}
+    pickers = {f.name: f for f in forms.strategy_factors(catalog)}
+    assert pickers["engine"].choices == ("vllm", "sglang") and not pickers["engine"].nullable
+    assert pickers["params.temperature"].nullable and pickers["params.temperature"].maximum == 2
+    values = {**Strategy().factors(), "backend": "smollm", "model": None, "system_prompt": None,
+              "params": {"max_tokens": 64}, "engine": "sglang", "params.temperature": 0.7}
+    nested = forms.strategy_from_factors(values)
+    assert nested == {"backend": "smollm", "params": {"max_tokens": 64, "temperature": 0.7}, "engine": "sglang"}
+    body = {"key": "k", "name": "n", "traffic": 1, "control": "a",
+            "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1, "strategy": {**nested, "engine": "tgi"}}]}
+    errors = forms.validate_create(body, catalog)
+    assert "one of 'vllm', 'sglang'" in errors["variants.1.strategy"]
+    assert forms.validate_create({**body, "variants": [body["variants"][0], {"key": "b", "weight": 1, "strategy": nested}]}, catalog) == {}
+    with pytest.raises(ValueError, match="JSON object"):
+        forms.parse_params("[1, 2]")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+import re
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -14,8 +15,13 @@ from ablab.streaming.events import (
     CostEvent,
     FeedbackEvent,
     InferenceEvent,
+    FIELD_BOUNDS,
+    MAX_JSON_DEPTH,
     Rejection,
+    check_event_time,
     dead_letter_record,
+    derive_event_id,
+    parse_json,
     json_schemas,
     render_schema,
     topic_key,
@@ -44,10 +50,52 @@ def test_valid_inference_round_trips_through_json() -> None:
     assert json.loads(event.to_json_bytes())["ts"] == "2026-03-01T12:00:00.250000Z"
 
 
-def test_event_id_is_generated_and_kept() -> None:
-    first, second = validate_event(inference()), validate_event(inference())
-    assert first.event_id != second.event_id
+def test_event_id_is_kept_when_given_and_derived_when_absent() -> None:
     assert validate_event(inference(event_id="given-1")).event_id == "given-1"
+    derived = validate_event(inference()).event_id
+    assert derived == derive_event_id(inference()) and re.fullmatch(r"[0-9a-f]{32}", derived)
+    assert validate_event(inference(event_id=None)).event_id == derived
+    assert validate_event(json.dumps(inference()).encode()).event_id == derived  # the JSON fast path too
+
+
+def test_an_inference_event_is_identified_by_its_trace_id() -> None:
+    # A redelivery is the same request even if a producer re-measured or re-stamped it.
+    first = derive_event_id(inference())
+    assert derive_event_id(inference(e2e_ms=95.0, ts="2026-03-01T12:00:03Z")) == first
+    assert derive_event_id(inference(trace_id="tr-2")) != first
+    exposure = {k: inference()[k] for k in ("ts", "trace_id", "experiment", "variant", "unit_id")}
+    assert derive_event_id({**exposure, "type": "exposure"}) != first  # same trace, another record
+
+
+def test_other_events_are_identified_by_their_content_however_it_is_written() -> None:
+    label = {"type": "feedback", "ts": "2026-03-01T12:00:00Z", "trace_id": "tr-1", "correct": 1, "source": "human"}
+    same = [
+        {**label, "ts": "2026-03-01T12:00:00.000+00:00"},
+        {**label, "ts": "2026-03-01T14:00:00+02:00"},
+        {"v": 1, **dict(reversed(list(label.items())))},
+        {**label, "event_id": None},
+    ]
+    assert {derive_event_id(record) for record in same} == {derive_event_id(label)}
+    assert derive_event_id({"type": "rum", "ts": TS, "trace_id": "t", "e2e_ms": 80}) == \
+        derive_event_id({"type": "rum", "ts": TS, "trace_id": "t", "e2e_ms": 80.0})
+    different = [{**label, "correct": 0}, {**label, "source": "judge"}, {**label, "ts": "2026-03-01T12:00:01Z"}]
+    assert len({derive_event_id(r) for r in [label, *different]}) == 4
+
+
+@pytest.mark.parametrize("record", [
+    {"type": "feedback", "ts": "2026-03-01T14:00:00+02:00", "trace_id": "t", "correct": True, "source": "human"},
+    {"type": "feedback", "ts": TS, "trace_id": "t", "score": 3, "source": "judge", "experiment": None},
+    {"type": "rum", "ts": TS, "trace_id": "t", "e2e_ms": 80},
+    {"type": "exposure", "ts": TS, "trace_id": "t", "experiment": "e", "variant": "a", "unit_id": "u", "v": 1},
+    {"type": "cost", "ts": TS, "resource": "gpu-0", "cost_usd": 2, "period_start": "2026-03-01T11:00:00Z",
+     "period_end": "2026-03-01T12:00:00.000+00:00"},
+])
+def test_the_id_of_a_record_as_sent_equals_the_id_the_model_derives(record) -> None:
+    # Producers derive ids from what they send; the models (the loader, validation) from what
+    # they validated. Both must agree, through the JSON fast path too.
+    event = validate_event(record)
+    assert not isinstance(event, Rejection), event
+    assert event.event_id == derive_event_id(record) == validate_event(json.dumps(record).encode()).event_id
 
 
 def test_offset_timestamps_are_normalised_to_utc() -> None:
@@ -159,3 +207,103 @@ def test_published_schema_forbids_unknown_fields_and_names_required_ones() -> No
     schema = json_schemas()["inference"]
     assert schema["additionalProperties"] is False
     assert {"ts", "trace_id", "ttft_ms", "e2e_ms", "strategy", "type"} <= set(schema["required"])
+
+
+# --- physical bounds ----------------------------------------------------------------------
+
+DAY_MS = 86_400_000.0
+HOSTILE = [
+    *[({name: value}, name, fragment) for name in ("ttft_ms", "e2e_ms", "tpot_ms")
+      for value, fragment in ((float("nan"), "finite"), (float("inf"), "finite"), (float("-inf"), "finite"),
+                              (1e308, "at most a day"), (1.7e308, "at most a day"), (DAY_MS + 1, "at most a day"),
+                              (-0.001, "greater than or equal"))],
+    ({"device_s": 86_401.0}, "device_s", "at most a day"),
+    ({"device_s": float("nan")}, "device_s", "finite"),
+    ({"cost_usd": 1e7}, "cost_usd", "1,000,000 USD"),
+    ({"cost_usd": -1e-9}, "cost_usd", "greater than or equal"),
+    ({"cost_usd": float("inf")}, "cost_usd", "finite"),
+    ({"prompt_tokens": 10**7 + 1}, "prompt_tokens", "10 M tokens"),
+    ({"output_tokens": 10**30}, "output_tokens", "10 M tokens"),
+    ({"output_tokens": -1}, "output_tokens", "greater than or equal"),
+    ({"ts": "9999-12-31T23:59:59Z"}, "ts", "outside 2000..2199"),
+    ({"ts": "9999-12-31T23:59:59-01:00"}, "ts", "outside 2000..2199"),  # past datetime.max once in UTC
+    ({"ts": "0001-01-01T00:00:00Z"}, "ts", "outside 2000..2199"),
+    ({"ts": "1970-01-01T00:00:00Z"}, "ts", "outside 2000..2199"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field", "fragment"), HOSTILE)
+def test_values_outside_physical_bounds_are_refused_by_name(overrides, field: str, fragment: str) -> None:
+    body = inference(**overrides)
+    if field == "ttft_ms":
+        body["e2e_ms"] = DAY_MS  # so the bound, not ttft <= e2e, is what refuses it
+    rejection = validate_event(body)
+    assert isinstance(rejection, Rejection), rejection
+    assert rejection.field == field and fragment in rejection.message, rejection
+    if all(isinstance(v, str) or v == v for v in overrides.values()):  # NaN is not valid JSON to compare
+        assert validate_event(json.dumps(body).encode()) == rejection
+
+
+@pytest.mark.parametrize("literal", [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"1.7e308"])
+def test_non_finite_and_huge_json_numbers_are_refused(literal: bytes) -> None:
+    raw = json.dumps(inference(e2e_ms=1.0)).encode().replace(b'"e2e_ms": 1.0', b'"e2e_ms": ' + literal)
+    rejection = validate_event(raw)
+    assert isinstance(rejection, Rejection) and rejection.field == "e2e_ms", rejection
+
+
+def test_rum_latency_and_label_score_share_the_bounds_table() -> None:
+    rum = {"type": "rum", "ts": TS, "trace_id": "t", "e2e_ms": 1.7e308}
+    assert validate_event(rum).field == "e2e_ms"
+    assert isinstance(validate_event({**rum, "e2e_ms": DAY_MS}), type(validate_event({**rum, "e2e_ms": 0.0})))
+    label = {"type": "feedback", "ts": TS, "trace_id": "t", "score": 2e9, "source": "judge"}
+    assert validate_event(label).field == "score"
+
+
+def test_the_bounds_table_is_what_the_models_and_published_schemas_enforce() -> None:
+    schemas = json_schemas()
+    for name, bound in FIELD_BOUNDS.items():
+        owners = [s for s in schemas.values() if name in s.get("properties", {})]
+        assert owners, name
+        for schema in owners:
+            prop = schema["properties"][name]
+            limits = prop.get("anyOf", [prop])[0]
+            assert (limits["minimum"], limits["maximum"]) == (bound.lo, bound.hi), name
+    edge = inference(ttft_ms=DAY_MS, e2e_ms=DAY_MS, tpot_ms=DAY_MS, device_s=86_400.0, cost_usd=1e6,
+                     prompt_tokens=10**7, output_tokens=0)
+    assert isinstance(validate_event(edge), InferenceEvent)  # the bounds themselves are inclusive
+
+
+def test_event_time_is_checked_against_the_receiving_clock() -> None:
+    event = validate_event(inference())
+    now = event.ts
+    assert check_event_time(event, now=now - timedelta(seconds=299), max_ahead_s=300, max_age_s=3600) is None
+    ahead = check_event_time(event, now=now - timedelta(seconds=301), max_ahead_s=300, max_age_s=3600)
+    assert ahead is not None and ahead.field == "ts" and "ahead of the receiving clock" in ahead.message
+    assert check_event_time(event, now=now + timedelta(seconds=3599), max_ahead_s=300, max_age_s=3600) is None
+    old = check_event_time(event, now=now + timedelta(seconds=3601), max_ahead_s=300, max_age_s=3600)
+    assert old is not None and old.field == "ts" and "retention" in old.message
+
+
+# --- nesting --------------------------------------------------------------------------------
+
+
+def deep(depth: int) -> str:
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, 100, 1_000, 100_000])
+def test_deeply_nested_json_is_a_rejection_not_a_recursion_error(depth: int) -> None:
+    raw = '{"type": "rum", "ts": "%s", "trace_id": "t", "e2e_ms": 1, "x": %s}' % (TS, deep(depth))
+    for form in (raw, raw.encode()):
+        rejection = validate_event(form)
+        assert isinstance(rejection, Rejection)
+        assert rejection.field == ("x" if depth < MAX_JSON_DEPTH else "$"), rejection
+    assert isinstance(parse_json(deep(depth)), Rejection) == (depth > MAX_JSON_DEPTH)
+
+
+def test_a_deep_mapping_is_refused_before_validation() -> None:
+    nested: object = []
+    for _ in range(5_000):
+        nested = [nested]
+    rejection = validate_event({"type": "rum", "ts": TS, "trace_id": "t", "e2e_ms": 1, "x": nested})
+    assert rejection == Rejection("$", rejection.message) and "nested" in rejection.message

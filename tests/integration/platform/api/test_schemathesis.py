@@ -7,6 +7,10 @@ reachable past auth. The one property: no input makes the server answer 5xx. A 5
 a bug; the failure names the operation and the payload and carries the server's
 ``api.log`` tail (the traceback).
 
+Ingestion is on: the ingestion routes publish the event models as their request bodies,
+so generated batches carry real event shapes with hostile values (the emitter's broker
+is a closed port: accepted events go to the API's disk spool, never to a shared broker).
+
 The operations are driven with ``operation.as_strategy()`` under hypothesis rather than
 ``schemathesis.pytest.from_fixture``: the latter reads ``request.node._nodeid``, which
 pytest 9 no longer has.
@@ -17,6 +21,7 @@ from __future__ import annotations
 import httpx
 import pytest
 import schemathesis
+from ablab_testing import closed_port, start_api, stop_api
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
@@ -25,7 +30,16 @@ from schemathesis.checks import not_a_server_error
 pytestmark = pytest.mark.integration
 
 MAX_EXAMPLES = 20
-CORE_PATHS = ("/v1/experiments", "/v1/experiments/{key}", "/v1/assign", "/v1/assign/batch", "/v1/sdk/config")
+CORE_PATHS = ("/v1/experiments", "/v1/experiments/{key}", "/v1/assign", "/v1/assign/batch", "/v1/sdk/config",
+              "/v1/events", "/v1/feedback", "/v1/webhooks/billing")
+
+
+@pytest.fixture(scope="module")
+def api_server(database_url: str, tmp_path_factory: pytest.TempPathFactory):
+    server = start_api(database_url, tmp_path_factory.mktemp("home"),
+                       extra_env={"ABLAB_KAFKA_BOOTSTRAP": f"127.0.0.1:{closed_port()}"})
+    yield server
+    stop_api(server)
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +91,7 @@ def test_no_input_makes_the_server_fail(api_server, api_schema, mode: Generation
     assert not failures, "\n\n".join(failures) + f"\n--- api.log (tail) ---\n{log[-6000:]}"
     # Every operation was really exercised (a strategy that generates nothing proves nothing).
     assert all(n > 0 for n in calls.values()), calls
+    # The ingestion routes' generated bodies reached event validation, not only auth or parsing.
+    metrics = httpx.get(f"{api_server.base_url}/metrics", timeout=30).text
+    validated = [line for line in metrics.splitlines() if line.startswith(("ablab_ingest_events_rejected ", "ablab_ingest_events_accepted "))]
+    assert sum(float(line.split()[-1]) for line in validated) > 0, validated

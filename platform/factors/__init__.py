@@ -1,0 +1,1 @@
+"""Strategy factors: the built-in pack, the gateway's factors and those a deployment declares."""

@@ -1,0 +1,126 @@
+"""The thin ASGI app: routes to the serving classes; the lifespan builds clients, the SDK's
+assignment client, the outbox and its shipper (never at import time)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import orjson
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from ablab.platform.gateway.observe import GatewayMetrics, tracer
+from ablab.platform.gateway.serving import GatewayState, ServingChat, ServingCompletion, list_models
+from ablab.platform.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+
+def _clients(settings: GatewaySettings) -> dict[str, httpx.AsyncClient]:
+    limits = httpx.Limits(max_connections=2048, max_keepalive_connections=512, keepalive_expiry=30.0)
+    return {
+        name: httpx.AsyncClient(timeout=httpx.Timeout(b.timeout_s, connect=min(10.0, b.timeout_s)), limits=limits)
+        for name, b in settings.backends.items()
+    }
+
+
+def build_state(settings: GatewaySettings, *, sdk: Any = None) -> GatewayState:
+    """Everything a running gateway holds. ``sdk`` (an ``AblabClient``) may be given (tests);
+    else one is started when a token is configured."""
+    state = GatewayState(settings=settings, clients=_clients(settings), metrics=GatewayMetrics(), tracer=tracer())
+    if sdk is None and settings.token:
+        from ablab.platform.sdk import AblabClient
+
+        sdk = AblabClient(settings.api_url, settings.token, refresh_s=settings.refresh_s)
+        if not sdk.wait_ready(10.0):
+            log.warning("the assignment config is not loaded yet (API at %s); units get the default backend until it is",
+                        settings.api_url)
+    elif sdk is None:
+        log.warning("no sdk token: every request goes to the default backend %r and no events are written",
+                    settings.default_backend)
+    state.sdk = sdk
+    if settings.outbox_dir is not None:
+        from ablab.platform.gateway.emit import Outbox, schema_has_measures
+
+        state.outbox = Outbox(settings.outbox_dir)
+        state.with_measures = schema_has_measures()
+    return state
+
+
+def refused_variants(state: GatewayState) -> list[str]:
+    """Running variants whose strategy this gateway cannot serve, with the reasons (logged at
+    start, so an operator learns before traffic does)."""
+    from ablab.platform.gateway.rewrite import strategy_problems
+
+    if state.sdk is None:
+        return []
+    out = []
+    for exp in state.sdk.config.experiments:
+        for v in exp.variants:
+            problems = strategy_problems(v.strategy, backends=state.settings.backends, templates=state.settings.templates)
+            if problems:
+                out.append(f"{exp.key}/{v.key}: " + "; ".join(problems))
+    return out
+
+
+def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True) -> Starlette:
+    holder: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        state = build_state(settings, sdk=sdk)
+        holder["state"] = state
+        chat.state = completion.state = state
+        for line in refused_variants(state):
+            log.error("refused strategy %s", line)
+        shipper = None
+        if ship and state.outbox is not None and settings.token:
+            from ablab.platform.gateway.emit import Shipper
+
+            shipper = Shipper(settings.outbox_dir, api_url=settings.api_url, token=settings.token)  # type: ignore[arg-type]
+        try:
+            yield
+        finally:
+            for client in state.clients.values():
+                await client.aclose()
+            if shipper is not None:
+                shipper.close()
+            if state.outbox is not None:
+                state.outbox.close()
+            if sdk is None and state.sdk is not None:
+                state.sdk.close()
+
+    chat = ServingChat(None)  # type: ignore[arg-type]  # the lifespan gives them their state
+    completion = ServingCompletion(None)  # type: ignore[arg-type]
+
+    async def models(_: Request) -> Response:
+        return await list_models(holder["state"])
+
+    async def healthz(_: Request) -> Response:
+        return Response(b'{"status":"ok"}', media_type="application/json")
+
+    async def readyz(_: Request) -> Response:
+        state = holder.get("state")
+        ready = state is not None and (state.sdk is None or state.sdk.wait_ready(0))
+        return Response(orjson.dumps({"ready": bool(ready)}), status_code=200 if ready else 503, media_type="application/json")
+
+    async def metrics(_: Request) -> Response:
+        return Response(holder["state"].metrics.render(), media_type="text/plain; version=0.0.4")
+
+    routes = [
+        Route("/v1/chat/completions", chat.handle, methods=["POST"]),
+        Route("/v1/completions", completion.handle, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.holder = holder
+    return app

@@ -1,0 +1,149 @@
+"""Gateway settings: named backends, templates, the event outbox.
+
+Backends come from ``ABLAB_GATEWAY_BACKENDS`` (JSON) or a ``--config`` YAML file::
+
+    backends:
+      smollm: {url: http://127.0.0.1:8081/v1, kind: llamacpp, price: {device: cpu}}
+      hosted: {url: https://api.example.com/v1, api_key_env: HOSTED_KEY, timeout_s: 60,
+               price: {input_per_mtok: 0.15, output_per_mtok: 0.60, version: list-2026-01}}
+    default_backend: smollm          # units in no experiment (else the only/first backend)
+    templates:                       # named prompt templates; {input} is the caller's text
+      terse: "Answer in one sentence.\n\n{input}"
+
+The YAML may also be the bare ``{name: backend}`` mapping, as the JSON variable is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BACKEND_KINDS = ("openai", "vllm", "llamacpp")
+
+
+class GatewayConfigError(ValueError):
+    """A gateway setting is wrong; the message names the setting and what to do."""
+
+
+@dataclass(frozen=True, slots=True)
+class Price:
+    """Per-token list prices (per million tokens) or a device kind for self-hosted backends."""
+
+    input_per_mtok: float | None = None
+    output_per_mtok: float | None = None
+    version: str | None = None
+    device: str | None = None  # 'cpu' | 'cuda': device-seconds × inference/assets/prices.json
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    name: str
+    url: str  # the OpenAI base URL, ending in /v1 as clients expect
+    kind: str = "openai"
+    api_key_env: str | None = None
+    timeout_s: float = 120.0
+    price: Price | None = None
+
+    def api_key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    backends: dict[str, Backend]
+    default_backend: str
+    templates: dict[str, str] = field(default_factory=dict)
+    api_url: str = "http://127.0.0.1:8000"
+    token: str | None = None  # sdk-scoped: config refresh and event delivery
+    outbox_dir: Path | None = None  # None: events are not written (tests of the proxy alone)
+    refresh_s: float = 10.0
+    experiments: tuple[str, ...] | None = None  # only these experiments (default: all)
+
+    def backend(self, name: str | None) -> Backend:
+        key = name or self.default_backend
+        try:
+            return self.backends[key]
+        except KeyError:
+            raise GatewayConfigError(f"backend {key!r} is not configured; known: {sorted(self.backends)}") from None
+
+
+def _backend(name: str, raw: Any) -> Backend:
+    where = f"backends.{name}"
+    if not isinstance(raw, dict):
+        raise GatewayConfigError(f"{where}: expected a mapping with at least `url`")
+    unknown = set(raw) - {"url", "kind", "api_key_env", "timeout_s", "price", "default"}
+    if unknown:
+        raise GatewayConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
+    url = raw.get("url")
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        raise GatewayConfigError(f"{where}.url: an http(s) base URL such as http://127.0.0.1:8081/v1, got {url!r}")
+    kind = raw.get("kind", "openai")
+    if kind not in BACKEND_KINDS:
+        raise GatewayConfigError(f"{where}.kind: one of {list(BACKEND_KINDS)}, got {kind!r}")
+    timeout = raw.get("timeout_s", 120.0)
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not 0 < timeout <= 3600:
+        raise GatewayConfigError(f"{where}.timeout_s: seconds in (0, 3600], got {timeout!r}")
+    price = None
+    if (p := raw.get("price")) is not None:
+        if not isinstance(p, dict) or set(p) - {"input_per_mtok", "output_per_mtok", "version", "device"}:
+            raise GatewayConfigError(f"{where}.price: {{input_per_mtok, output_per_mtok, version}} or {{device: cpu|cuda}}")
+        for k in ("input_per_mtok", "output_per_mtok"):
+            if k in p and (not isinstance(p[k], (int, float)) or p[k] < 0):
+                raise GatewayConfigError(f"{where}.price.{k}: a non-negative number, got {p[k]!r}")
+        price = Price(
+            input_per_mtok=p.get("input_per_mtok"), output_per_mtok=p.get("output_per_mtok"),
+            version=p.get("version"), device=p.get("device"),
+        )
+    return Backend(name=name, url=url.rstrip("/"), kind=kind, api_key_env=raw.get("api_key_env"),
+                   timeout_s=float(timeout), price=price)
+
+
+def parse_config(data: Any, *, source: str) -> tuple[dict[str, Backend], str, dict[str, str]]:
+    """Backends, the default backend's name and the templates from a parsed JSON/YAML value."""
+    if not isinstance(data, dict):
+        raise GatewayConfigError(f"{source}: expected a mapping of backends")
+    raw_backends = data.get("backends", data) if "backends" in data else data
+    templates = data.get("templates", {}) if "backends" in data else {}
+    if not isinstance(raw_backends, dict) or not raw_backends:
+        raise GatewayConfigError(f"{source}: no backends; give at least one as {{name: {{url: ...}}}}")
+    backends = {str(name): _backend(str(name), raw) for name, raw in raw_backends.items()}
+    default = data.get("default_backend") if "backends" in data else None
+    if default is None:
+        flagged = [n for n, raw in raw_backends.items() if isinstance(raw, dict) and raw.get("default")]
+        default = flagged[0] if flagged else next(iter(backends))
+    if default not in backends:
+        raise GatewayConfigError(f"{source}: default_backend {default!r} is not one of {sorted(backends)}")
+    if not isinstance(templates, dict) or not all(isinstance(v, str) and "{input}" in v for v in templates.values()):
+        raise GatewayConfigError(f"{source}: templates are {{name: text}} and each text contains {{input}}")
+    return backends, default, {str(k): v for k, v in templates.items()}
+
+
+def load_settings(*, config_file: Path | None = None, env: dict[str, str] | None = None, **overrides: Any) -> GatewaySettings:
+    """Settings from ``--config`` (YAML), else ``ABLAB_GATEWAY_BACKENDS``; API URL, token and
+    outbox from the usual ``ABLAB_*`` settings unless given."""
+    env = dict(os.environ if env is None else env)
+    if config_file is not None:
+        import yaml
+
+        try:
+            data = yaml.safe_load(Path(config_file).read_text())
+        except OSError as exc:
+            raise GatewayConfigError(f"--config {config_file}: {exc.strerror}") from None
+        backends, default, templates = parse_config(data, source=str(config_file))
+    elif raw := env.get("ABLAB_GATEWAY_BACKENDS"):
+        try:
+            data = json.loads(raw)
+        except ValueError as exc:
+            raise GatewayConfigError(f"ABLAB_GATEWAY_BACKENDS: not JSON ({exc})") from None
+        backends, default, templates = parse_config(data, source="ABLAB_GATEWAY_BACKENDS")
+    else:
+        raise GatewayConfigError(
+            "no backends configured: set ABLAB_GATEWAY_BACKENDS='{\"local\": {\"url\": \"http://127.0.0.1:8081/v1\"}}' "
+            "or pass --config gateway.yaml"
+        )
+    values: dict[str, Any] = {"backends": backends, "default_backend": default, "templates": templates}
+    values.update({k: v for k, v in overrides.items() if v is not None})
+    return GatewaySettings(**values)

@@ -13,14 +13,14 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
-from datetime import UTC, datetime
+from datetime import datetime
 
 from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from ablab.platform.errors import Conflict, Invalid, NotFound
-from ablab.platform.registry.models import ApiKey, AuthRevision, utcnow
+from ablab.platform.registry.models import ApiKey, AuthRevision, aware, utcnow
 from ablab.platform.registry.schemas import ApiKeyRead, Scope
 from ablab.platform.registry.service import record_audit
 
@@ -46,13 +46,6 @@ def new_token() -> str:
 
 def allows(held: Scope, needed: Scope) -> bool:
     return needed in GRANTS[held]
-
-
-def aware(moment: datetime | None) -> datetime | None:
-    """SQLite hands timestamps back without a zone; they were written in UTC."""
-    if moment is None or moment.tzinfo is not None:
-        return moment
-    return moment.replace(tzinfo=UTC)
 
 
 def key_status(key: ApiKey, now: datetime | None = None) -> str:

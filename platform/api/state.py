@@ -16,11 +16,12 @@ from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from ablab.platform.assignment import AssignmentConfig
-from ablab.platform.auth import authenticate, aware, hash_token
+from ablab.platform.auth import authenticate, hash_token
 from ablab.platform.config import Settings
 from ablab.platform.errors import Unauthorized, Unavailable
 from ablab.platform.registry import service
 from ablab.platform.registry.db import make_engine, transaction
+from ablab.platform.registry.models import aware
 from ablab.platform.registry.schemas import Scope
 
 

@@ -12,7 +12,7 @@ from sqlalchemy.orm.exc import StaleDataError
 from ablab.platform.assignment.payload import config_from_payload  # noqa: F401 - re-exported
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed
 from ablab.platform.factors.service import check_strategies
-from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, utcnow
+from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, aware, utcnow
 from ablab.platform.registry.schemas import (
     AuditRead,
     ExperimentCreate,
@@ -107,11 +107,11 @@ def to_read(exp: Experiment) -> ExperimentRead:
         targeting=exp.targeting,
         forced=exp.forced,
         version=exp.version,
-        created_at=exp.created_at,
-        updated_at=exp.updated_at,
-        started_at=exp.started_at,
-        stopped_at=exp.stopped_at,
-        archived_at=exp.archived_at,
+        created_at=aware(exp.created_at),
+        updated_at=aware(exp.updated_at),
+        started_at=aware(exp.started_at),
+        stopped_at=aware(exp.stopped_at),
+        archived_at=aware(exp.archived_at),
     )
 
 

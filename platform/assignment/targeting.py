@@ -13,7 +13,7 @@ import logging
 import math
 import operator
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from functools import cached_property, lru_cache
@@ -90,6 +90,24 @@ def compile_regex(pattern: Any) -> Any:
         ) from exc
 
 
+def _searcher(program: Any) -> Callable[[str], bool]:
+    """``text -> found?`` for a compiled RE2 program. The binding's ``search`` builds a
+    match object and maps byte offsets back to characters (~5 µs a call); the boolean
+    from its underlying ``Match`` costs ~0.8 µs. Falls back to ``search`` should a
+    binding version lack it (the unit tests hold both paths equal)."""
+    low = getattr(program, "_regexp", None)
+    anchor = getattr(getattr(getattr(re2, "_re2", None), "RE2", None), "Anchor", None)
+    if low is None or anchor is None or not hasattr(low, "Match"):
+        return lambda text: program.search(text) is not None
+    match, unanchored = low.Match, anchor.UNANCHORED
+
+    def found(text: str) -> bool:
+        data = text.encode()
+        return match(unanchored, data, 0, len(data))[0][0] != -1
+
+    return found
+
+
 def _finite_number(value: Any) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, str)):
         raise ValueError(f"needs a number, not {value!r}")
@@ -134,8 +152,8 @@ class Condition:
             _scalar(self.value, "the value")
 
     @cached_property
-    def _pattern(self) -> Any:
-        return compile_regex(self.value)
+    def _search(self) -> Callable[[str], bool]:
+        return _searcher(compile_regex(self.value))
 
     @cached_property
     def _semver(self) -> tuple[Any, ...]:
@@ -165,7 +183,7 @@ class Condition:
             if len(text) > MAX_VALUE_CHARS:
                 return False  # bounded work per rule, whoever supplied the value
             if op is Op.regex:
-                return self._pattern.search(text) is not None
+                return self._search(text)
             compare = _SEMVER_OPS.get(op)
             if compare is not None:
                 return compare(parse_semver(text), self._semver)

@@ -129,3 +129,19 @@ def test_attributes_problem_names_the_attribute() -> None:
     assert attributes_problem({"f": float("inf")})[0] == "f"
     assert attributes_problem({"k" * 65: 1})[1].startswith("attribute names")
     assert attributes_problem({f"a{i}": i for i in range(MAX_ATTRIBUTES + 1)})[0] == ""
+
+
+@pytest.mark.parametrize("pattern", [r"^pro-\d+$", r"(?i)^(de|fr)-", "é+$", r"\bteam\b", "(a+)+$", ""])
+@pytest.mark.parametrize("text", ["pro-42", "FR-paris", "caféé", "a team b", "a" * 50, "", "ünï\u00e9-pro-1", "\ud800"])
+def test_the_fast_boolean_path_agrees_with_the_bindings_search(pattern: str, text: str) -> None:
+    from ablab.platform.assignment.targeting import _searcher, compile_regex
+
+    program = compile_regex(pattern)
+    try:
+        expected = program.search(text) is not None
+    except UnicodeEncodeError:  # a lone surrogate is no text either engine can read
+        expected = False
+    assert Condition("a", Op.regex, pattern).matches({"a": text}) is expected
+    fast = _searcher(program)
+    if text != "\ud800":
+        assert fast(text) is expected

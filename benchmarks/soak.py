@@ -10,8 +10,10 @@ What it does, in order (loopback only; a fresh ABLAB_HOME and free ports every r
 2. Injects the faults, spaced evenly over the run: ``broker`` (clean stop, outage,
    start), ``flink`` (SIGKILL of the job's process group, restart: it restores from its
    newest checkpoint), ``api`` (SIGTERM, restart; the API owns chDB and runs the loader),
-   ``worker`` (SIGKILL of worker-1, restart). A service that dies on its own is recorded as
-   an unplanned exit and restarted (``--no-heal`` leaves it dead).
+   ``worker`` (SIGKILL of worker-1, restart), ``poison`` (hostile records for the demo
+   experiment: a 1.7e308 latency and a year-9999 timestamp through the API, the same plus
+   garbage bytes written straight to Kafka on every partition). A service that dies on its
+   own is recorded as an unplanned exit and restarted (``--no-heal`` leaves it dead).
 3. Drains: waits for the traffic to end, for every sampled label to come due, for the
    API's emitter spool to empty and for the loader's consumer lag to reach zero; one
    out-of-experiment event per partition pushes the Flink watermark past the last window.
@@ -22,6 +24,8 @@ What it does, in order (loopback only; a fresh ABLAB_HOME and free ports every r
    - *Kafka*: every record of the typed topics (``read_committed``), by trace_id and event_id;
    - *ClickHouse*: ``raw_events`` (distinct event_ids per trace_id, ``FINAL``), and the
      window identity ``raw inference = Σ window n + late inference``.
+   Poison records must be refused at the edge or dead-lettered, never stored, and the
+   ordinary events around them must all reconcile as usual.
    Lost = emitted but not stored; duplicated = one emitted event stored under two or more
    event_ids (a double count no ReplacingMergeTree can undo). Redelivered copies of one
    event_id (Kafka or loader retries) are reported but harmless: the tables collapse them.
@@ -36,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -57,7 +60,8 @@ from rich.table import Table
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 EXPERIMENT = "demo-serving"
 FLUSH_EXPERIMENT = "soak-flush"  # the watermark push: unknown to the registry, so never stored as an event
-FAULTS = ("broker", "flink", "api", "worker")
+FAULTS = ("broker", "flink", "api", "worker", "poison")
+POISON_PREFIX = "soak-poison-"  # trace_ids of the poison fault's records (not in any ledger)
 TYPES = ("exposure", "inference", "rum", "feedback")
 console = Console(stderr=True)
 out = Console()
@@ -79,6 +83,7 @@ class Soak:
     minutes: float
     started: float = 0.0
     faults: list[FaultRecord] = field(default_factory=list)
+    poison_traces: set[str] = field(default_factory=set)
     pids_seen: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     load: list[tuple[float, float, float]] = field(default_factory=list)
 
@@ -226,6 +231,44 @@ def fault_worker(soak: Soak, supervisor: Any, services: dict) -> str:
     return f"SIGKILL pid {pid} after {served} requests; healthy again in {time.monotonic() - t1:.1f} s"
 
 
+def fault_poison(soak: Soak, supervisor: Any, services: dict) -> str:
+    """Hostile records between the demo's ordinary traffic (issue 19): through the API, and
+    straight to Kafka (a producer that bypasses the edge), on every partition."""
+    from kafka import KafkaProducer
+
+    from ablab.streaming.kafka.topics import EVENT_TOPICS, RAW_PARTITIONS
+
+    now = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    def event(case: str, **changes: Any) -> dict[str, Any]:
+        trace = f"{POISON_PREFIX}{case}-{int(time.time() * 1000)}"
+        soak.poison_traces.add(trace)
+        return {"v": 1, "type": "inference", "ts": now, "trace_id": trace, "experiment": EXPERIMENT, "variant": "control",
+                "unit_id": "poison", "ttft_ms": 1.0, "e2e_ms": 2.0, "tpot_ms": 1.0, "prompt_tokens": 1, "output_tokens": 2,
+                "device_s": 0.001, "cost_usd": 0.0, "price_version": "poison", "strategy": "poison", **changes}
+
+    sdk = soak.env.get("ABLAB_SOAK_SDK_TOKEN") or _sdk_token(soak)
+    api = httpx.post(f"{soak.env['ABLAB_API_URL']}/v1/events", headers={"Authorization": f"Bearer {sdk}"}, timeout=10,
+                     json={"events": [event("api-huge", e2e_ms=1.7e308), event("api-9999", ts="9999-12-31T00:00:00.000Z")]})
+    producer = KafkaProducer(bootstrap_servers=soak.env["ABLAB_KAFKA_BOOTSTRAP"], acks="all")
+    for partition in range(RAW_PARTITIONS):
+        for record in (event(f"direct-huge-{partition}", e2e_ms=1.7e308),
+                       event(f"direct-9999-{partition}", ts="9999-12-31T00:00:00.000Z")):
+            producer.send(EVENT_TOPICS["inference"], json.dumps(record).encode(), key=record["trace_id"].encode(),
+                          partition=partition)
+        producer.send(EVENT_TOPICS["inference"], b"\x00 garbage " + POISON_PREFIX.encode(), partition=partition)
+    producer.flush(30)
+    producer.close()
+    return (f"API answered {api.status_code} ({api.text[:80]}); {3 * RAW_PARTITIONS} records straight to Kafka "
+            f"on {RAW_PARTITIONS} partitions")
+
+
+def _sdk_token(soak: Soak) -> str:
+    created = subprocess.run([ABLAB, "keys", "create", "--name", "soak-poison", "--scope", "sdk"], env={**os.environ, **soak.env},
+                             capture_output=True, text=True, timeout=60, check=True)
+    return created.stdout.strip().splitlines()[-1]
+
+
 def _worker_served(service: Any) -> str:
     port = service.argv[service.argv.index("--port") + 1]
     try:
@@ -242,11 +285,16 @@ def _metrics(api_url: str) -> dict[str, float]:
         text = httpx.get(f"{api_url}/metrics", timeout=3).text
     except httpx.HTTPError:
         return {}
-    values = {}
-    for line in text.splitlines():
-        match = re.match(r"^(ablab_(?:emitter|ingest|loader)_\w+) ([0-9.eE+-]+)$", line)
-        if match:
-            values[match.group(1)] = float(match.group(2))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values = {}  # family name + label values, e.g. ablab_loader_loaded_rows_raw_events
+    for family in text_string_to_metric_families(text):
+        if not family.name.startswith(("ablab_emitter", "ablab_ingest", "ablab_loader", "ablab_stream")):
+            continue
+        for sample in family.samples:
+            if sample.name.endswith("_created"):
+                continue
+            values["_".join([family.name, *sample.labels.values()])] = float(sample.value)
     return values
 
 
@@ -380,6 +428,10 @@ def kafka_view(bootstrap: str) -> dict[str, dict[str, Any]]:
     from ablab.streaming.kafka.topics import EVENT_TOPICS
 
     view: dict[str, dict[str, Any]] = {t: {"trace": Counter(), "event": Counter(), "unassigned": set()} for t in TYPES}
+    # Event-time disorder as the Flink job sees it: how far each inference event is behind the
+    # largest ts read before it from its partition (what the out-of-orderness bound must cover).
+    newest: dict[int, float] = {}
+    behind: list[float] = []
     topics = [EVENT_TOPICS[t] for t in TYPES]
     ends = _end_offsets(bootstrap, topics)
     consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False,
@@ -392,18 +444,43 @@ def kafka_view(bootstrap: str) -> dict[str, dict[str, Any]]:
         for tp, records in consumer.poll(timeout_ms=1000, max_records=10_000).items():
             kind = tp.topic.removeprefix("ablab.")
             for record in records:
-                event = json.loads(record.value)
-                if event.get("experiment") == FLUSH_EXPERIMENT:
+                try:
+                    event = json.loads(record.value)
+                except ValueError:  # the poison fault's garbage bytes: dead-lettered by the loader
+                    continue
+                if not isinstance(event, dict):
+                    continue
+                if event.get("experiment") == FLUSH_EXPERIMENT or str(event.get("trace_id", "")).startswith(POISON_PREFIX):
                     continue
                 view[kind]["trace"][event.get("trace_id")] += 1
                 view[kind]["event"][event.get("event_id")] += 1
+                if kind == "inference" and isinstance(event.get("ts"), str):
+                    ts = datetime.fromisoformat(event["ts"].replace("Z", "+00:00")).timestamp()
+                    behind.append(max(0.0, newest.get(tp.partition, ts) - ts))
+                    newest[tp.partition] = max(newest.get(tp.partition, ts), ts)
                 if kind == "rum" and not event.get("experiment"):
                     view[kind]["unassigned"].add(event.get("trace_id"))
         remaining = {tp for tp in remaining if consumer.position(tp) < ends[tp]}
     consumer.close()
     if remaining:
         raise RuntimeError(f"could not read the topics to their end: {sorted(map(str, remaining))}")
+    view["inference"]["disorder"] = disorder_summary(behind)
     return view
+
+
+def disorder_summary(behind_s: list[float]) -> dict[str, Any]:
+    """Quantiles of how far events are behind their partition's newest ts, and the share of
+    events each candidate out-of-orderness bound would call late."""
+    if not behind_s:
+        return {"events": 0}
+    ordered = sorted(behind_s)
+
+    def q(p: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(p * len(ordered)))], 3)
+
+    return {"events": len(ordered), "p50_s": q(0.5), "p99_s": q(0.99), "p999_s": q(0.999), "max_s": round(ordered[-1], 3),
+            "late_share_by_bound_s": {b: round(sum(1 for x in ordered if x >= b) / len(ordered), 5)
+                                      for b in (1, 2, 3, 5, 8)}}
 
 
 def clickhouse_view(home: Path) -> dict[str, Any]:
@@ -589,6 +666,8 @@ def run(args: argparse.Namespace) -> int:
                             record.detail = fault_flink(soak, supervisor, services)
                         elif name == "api":
                             record.detail = fault_api(soak, supervisor, services)
+                        elif name == "poison":
+                            record.detail = fault_poison(soak, supervisor, services)
                         else:
                             record.detail = fault_worker(soak, supervisor, services)
                         record.ok = True
@@ -601,9 +680,9 @@ def run(args: argparse.Namespace) -> int:
                 soak.load.append(_load())
                 m = _metrics(api_url)
                 progress.update(task, completed=min(soak.t(), duration), description=(
-                    f"soak  accepted {m.get('ablab_ingest_events_accepted', 0):.0f}  "
-                    f"loaded {m.get('ablab_loader_loaded_raw_events', 0):.0f}  "
-                    f"spool {m.get('ablab_emitter_spool_pending', 0):.0f}  load {soak.load[-1][0]:.1f}"))
+                    f"soak  accepted {m.get('ablab_ingest_events_events_accepted', 0):.0f}  "
+                    f"loaded {m.get('ablab_loader_loaded_rows_raw_events', 0):.0f}  "
+                    f"spool {m.get('ablab_emitter_state_spool_pending', 0):.0f}  load {soak.load[-1][0]:.1f}"))
                 time.sleep(2)
             progress.update(task, completed=duration)
             for at, name in pending:  # the run ended before these came up: the soak did not test them
@@ -621,7 +700,7 @@ def run(args: argparse.Namespace) -> int:
 
             def _api_drained() -> tuple[bool, str]:
                 m = _metrics(api_url)
-                pending_n = sum(m.get(f"ablab_emitter_{k}", 1) for k in ("queued", "inflight", "spool_pending"))
+                pending_n = sum(m.get(f"ablab_emitter_state_{k}", 1) for k in ("queued", "inflight", "spool_pending"))
                 return bool(m) and pending_n == 0, f"API emitter queued+inflight+spool {pending_n:.0f}"
 
             time.sleep(3)  # labelers' and workers' HTTP sinks flush every 0.5 s
@@ -642,7 +721,7 @@ def run(args: argparse.Namespace) -> int:
                     ends = None
                 m = _metrics(api_url)
                 key = (lag, tuple(sorted((str(k), v) for k, v in (ends or {}).items())),
-                       tuple(sorted((k, v) for k, v in m.items() if k.startswith("ablab_loader_loaded"))))
+                       tuple(sorted((k, v) for k, v in m.items() if k.startswith("ablab_loader_loaded_rows"))))
                 stable[1] = stable[1] + 1 if key == stable[0] else 0
                 stable[0] = key
                 return lag == 0 and ends is not None and stable[1] >= 5, \
@@ -680,6 +759,9 @@ def run(args: argparse.Namespace) -> int:
         expected[kind] -= unassigned
     result.update(faults=[asdict(f) for f in soak.faults], types=reconcile(expected, kafka, ch), windows=ch["windows"],
                   dead_letters=ch["dead_letters"], served_without_assignment=len(unassigned),
+                  disorder=kafka["inference"].get("disorder"),
+                  poison={"sent": len(soak.poison_traces),
+                          "stored": sorted(t for t in soak.poison_traces if t in ch["per_trace"]["inference"])},
                   wall_s=round(time.monotonic() - wall0, 1))
     ok = _print_report(result)
     if args.json_out:
@@ -742,6 +824,14 @@ def _print_report(result: dict[str, Any]) -> bool:
     if w.get("gaps"):
         out.print("windows that do not balance (start: raw vs Σ n + late): " + "; ".join(
             f"{g['window_start'][11:19]}: {g['raw']} vs {g['windowed']}+{g['late']}" for g in w["gaps"][:12]))
+    if result.get("disorder"):
+        out.print(f"event-time disorder of inference events per partition: {result['disorder']}")
+    poison = result.get("poison") or {}
+    if poison.get("sent"):
+        ok &= not poison["stored"]
+        out.print(f"poison: {poison['sent']} hostile records; stored {len(poison['stored'])} "
+                  f"{'[green](none: refused or dead-lettered)[/]' if not poison['stored'] else '[red]' + str(poison['stored'][:5]) + '[/]'}; "
+                  f"dead letters by field {result.get('dead_letters')}")
     faults = Table(title="fault timeline")
     for column in ("t (s)", "fault", "took (s)", "ok", "detail"):
         faults.add_column(column)

@@ -5,7 +5,9 @@ as returned by ``ablab.streaming.store.queries.window_rows``): ``variant, window
 n, errors, e2e_sum, e2e_sumsq, …, e2e_p95, …, labeled, correct``. Each point has the
 window's own value and CI, and the running (cumulative) value, which is what a
 sequential test looks at after every window. Window percentiles do not merge, so
-quantile metrics have no cumulative value. Pure.
+quantile metrics have no cumulative value. Each point also says how many of the window's
+requests arrived late (``late``: folded in after the window was emitted; counts and sums
+include them, percentiles are those of the on-time requests). Pure.
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def timeseries(
         points = []
         running: Any = None
         for row in sorted(by_variant[variant], key=lambda r: r["window_start"]):
-            base = {"ts": _iso(row["window_start"])}
+            base = {"ts": _iso(row["window_start"]), "late": int(_f(row, "late_n"))}
             if metric in MEAN_COLUMNS:
                 n, s, ss = MEAN_COLUMNS[metric]
                 window = SampleStats(_f(row, n), _f(row, s), _f(row, ss))

@@ -11,11 +11,18 @@ this process; on a cluster the same module is submitted with
 ``flink run -py streaming/flink/job.py -- --bootstrap HOST:9092 ...`` (or ``-pym
 ablab.streaming.flink.job``) and the cluster's configuration supplies checkpoint storage.
 
+Hostile input: a record whose ``ts`` is more than ``max_future_s`` ahead of the processing
+clock gives no watermark, and it and records outside physical bounds are rejected before
+any state (``kind = "rejected"`` rows, dead-lettered by the loader): one bad clock cannot
+make a partition's later events late, and a restore cannot bring it back. A record without
+``event_id`` gets the edge's derived id (from its trace_id).
+
 Late-data policy (tested in tests/unit/streaming/test_flink_job.py and
 tests/integration/streaming/test_pipeline_canned.py):
 
 - Watermark = min over Kafka partitions of (largest event time read − ``out_of_orderness_s``,
-  default 2 s). Events out of order within that bound land in their own window.
+  default 5 s: the emitters batch for 1-2 s, docs/benchmarks/pipeline.md). Events out of
+  order within that bound land in their own window.
 - Duplicates (one ``event_id`` delivered twice: a producer retry, a spool replay) count
   once: the first arrival of each event_id is kept, before the late rule; the job remembers
   an event_id for ``dedup_ttl_s`` (state TTL, processing time).
@@ -23,7 +30,8 @@ tests/integration/streaming/test_pipeline_canned.py):
   read before it from the same partition, or when it is at or behind the current
   watermark. Such an event is written as a ``kind = "late"`` row to the windows topic and
   stored in ClickHouse's ``late_events``, never silently dropped and never added to an
-  already emitted window. Every other event is ahead of the watermark, so its window is
+  already emitted window; ``/timeseries`` folds it into its window at query time
+  (``queries.window_rows``), so windows are eventually exact. Every other event is ahead of the watermark, so its window is
   still open. With partitions that never go idle the first rule decides alone (the
   watermark never passes a partition's own largest ts minus the bound), and it depends
   only on each partition's order (producers key by ``trace_id``), so it is reproducible
@@ -58,6 +66,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from ablab.streaming.events import FIELD_BOUNDS
+
 SQL_DIR = Path(__file__).parent / "sql"
 WINDOW_SECONDS = 10
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
@@ -74,11 +84,22 @@ class JobConfig:
     inference_topic: str = "ablab.inference"
     windows_topic: str = "ablab.windows"
     group_id: str = "ablab-flink"
-    out_of_orderness_s: float = 2.0
+    out_of_orderness_s: float = 5.0
     idle_timeout_s: float = 0.0
     """0 (default): a partition without records holds the watermark back. > 0 lets the job
     move on without an idle partition; that partition's next events may then be behind the
     watermark, and become late rows (the late-data policy above). Live submission uses 5 s."""
+    max_future_s: float = 300.0
+    """How far ahead of the processing clock an event time may be. Further ahead, the
+    record is rejected (the loader dead-letters it) and the watermark counts it as this far
+    ahead at most, so one bad clock cannot make a partition's later events late."""
+    max_latency_ms: float = FIELD_BOUNDS["e2e_ms"].hi
+    """Physical bounds, from the edge's one table (``ablab.streaming.events.FIELD_BOUNDS``:
+    a latency within a day, cost and tokens below a ceiling): a record outside them is
+    rejected, not windowed. The edge refuses the same; these catch producers that write to
+    Kafka directly."""
+    max_cost_usd: float = FIELD_BOUNDS["cost_usd"].hi
+    max_tokens: int = int(FIELD_BOUNDS["prompt_tokens"].hi)
     dedup_ttl_s: float = 600.0
     """How long the job remembers an event_id (Flink state TTL, processing time): a
     duplicate arriving later than this after the first copy is not recognised. One flag of
@@ -107,6 +128,8 @@ class JobConfig:
             )
         if self.idle_timeout_s < 0:
             raise JobConfigError(f"idle_timeout_s must be >= 0, got {self.idle_timeout_s}")
+        if self.max_future_s < 0 or self.max_latency_ms <= 0 or self.max_cost_usd <= 0 or self.max_tokens <= 0:
+            raise JobConfigError("max_future_s must be >= 0 and max_latency_ms, max_cost_usd, max_tokens > 0")
         if self.dedup_ttl_s <= 0:
             raise JobConfigError(f"dedup_ttl_s must be > 0, got {self.dedup_ttl_s}")
         if self.parallelism < 1:
@@ -119,11 +142,23 @@ class JobConfig:
             "windows_topic": self.windows_topic,
             "group_id": self.group_id,
             "out_of_orderness_s": f"{self.out_of_orderness_s:.3f}",
+            "max_future_s": f"{self.max_future_s:.0f}",
+            # SECOND intervals hold at most 99 s in Flink SQL; minutes of skew need DAY TO SECOND
+            "max_future_interval": _day_to_second(self.max_future_s),
+            "max_latency_ms": f"{self.max_latency_ms:.1f}",
+            "max_cost_usd": f"{self.max_cost_usd:.6f}",
+            "max_tokens": str(self.max_tokens),
             "bounded_mode": "latest-offset" if self.bounded else "unbounded",
             "delivery_guarantee": self.delivery_guarantee,
             "transactional_id_prefix": self.transactional_id_prefix,
             "transaction_timeout_ms": str(self.transaction_timeout_ms),
         }
+
+
+def _day_to_second(seconds: float) -> str:
+    whole, millis = divmod(round(seconds * 1000), 1000)
+    days, rest = divmod(whole, 86_400)
+    return f"{days} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}.{millis:03d}"
 
 
 def render(sql: str, parameters: dict[str, str]) -> str:
@@ -287,8 +322,12 @@ def _parse_args(argv: list[str]) -> JobConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    config = _parse_args(sys.argv[1:] if argv is None else argv)
-    submit(config, wait=True)
+    args = list(sys.argv[1:] if argv is None else argv)
+    # --detached: return once the job is submitted (`flink run --detached` to a session
+    # cluster, the operator's PythonDriver); the cluster runs it, not this process.
+    detached = "--detached" in args
+    config = _parse_args([a for a in args if a != "--detached"])
+    submit(config, wait=not detached)
 
 
 if __name__ == "__main__":

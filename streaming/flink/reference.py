@@ -11,6 +11,8 @@ exact in floating point whatever order they are added in.
 
 from __future__ import annotations
 
+import math
+
 import random
 import uuid
 from collections import defaultdict
@@ -20,6 +22,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import numpy as np
+
+from ablab.streaming.events import derive_event_id
 
 WINDOW_MS = 10_000
 SUM_FIELDS = {
@@ -47,14 +51,21 @@ def window_time_ms(ts_ms: int) -> int:
     return window_start_ms(ts_ms) + WINDOW_MS - 1
 
 
+def identity(event: dict[str, Any]) -> str:
+    """The job's identity of an inference event: its event_id, or (a producer that sent
+    none) the one ``ablab.streaming.events.derive_event_id`` gives, as 30_transform.sql computes it."""
+    return event.get("event_id") or derive_event_id(event)
+
+
 def dedup(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """First arrival of each event_id, in arrival order."""
+    """First arrival of each identity, in arrival order (each with its ``event_id`` set)."""
     seen: set[str] = set()
     out = []
     for event in events:
-        if event["event_id"] not in seen:
-            seen.add(event["event_id"])
-            out.append(event)
+        key = identity(event)
+        if key not in seen:
+            seen.add(key)
+            out.append(event if event.get("event_id") else {**event, "event_id": key})
     return out
 
 
@@ -230,3 +241,103 @@ def closing_events(*, at: datetime, experiment: str, count: int = 12) -> list[di
     that every partition's watermark passes the canned windows."""
     rng = random.Random(99)
     return [inference_event(rng=rng, ts=at, experiment=experiment, variant="control") for _ in range(count)]
+
+
+# --- a replayed stream (issue 19): disorder, anonymous duplicates, late RUM and labels ----
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One event as sent: ``at_s`` seconds after the replay starts."""
+
+    at_s: float
+    event: dict[str, Any]
+
+
+def replay_stream(
+    *, start_s: float, seconds: float = 60.0, rate: float = 25.0, experiment: str, variants: tuple[str, ...] = ("a", "b"),
+    units: int = 80, seed: int = 19, disorder_s: float = 3.0, straggler_rate: float = 0.03,
+    duplicate_rate: float = 0.05, rum_rate: float = 0.5, late_rum_rate: float = 0.1, label_rate: float = 0.4,
+) -> list[Delivery]:
+    """A deterministic stream like a live one, in send order. Event times start at ``start_s``
+    (epoch seconds) and each inference event is sent up to ``disorder_s`` after its event
+    time (a few, ``straggler_rate``, 10-20 s after: later than any watermark bound, so the
+    job calls them late); inference events carry no ``event_id`` and ``duplicate_rate`` of
+    them are delivered a second time (a client retrying); RUM follows its request by seconds
+    (some by minutes, in event time), labels by one to two minutes. Whatever is ahead of
+    the clock when the inference traffic ends is sent then (``at_s = seconds + 1``)."""
+    rng = random.Random(seed)
+    deliveries: list[Delivery] = []
+    end = seconds + 1.0
+    count = int(seconds * rate)
+    offsets = sorted(rng.uniform(0, seconds) for _ in range(count))
+    for i, offset in enumerate(offsets):
+        unit = rng.randrange(units)
+        e2e = round(rng.lognormvariate(math.log(180.0), 0.35) * (1.15 if unit % len(variants) else 1.0), 3)
+        ttft = round(e2e * rng.uniform(0.15, 0.35), 3)
+        event = {
+            "v": 1, "type": "inference", "ts": _iso_s(start_s + offset), "trace_id": f"replay-{seed}-{i:06d}",
+            "experiment": experiment, "variant": variants[unit % len(variants)], "unit_id": f"user-{unit:04d}",
+            "ttft_ms": ttft, "e2e_ms": e2e, "tpot_ms": round((e2e - ttft) / 31, 4), "prompt_tokens": rng.randrange(20, 400),
+            "output_tokens": 32, "device_s": round(e2e / 1000, 6), "cost_usd": round(e2e * 2e-6, 9),
+            "price_version": "2026-01", "strategy": "replay",
+        }
+        delay = rng.uniform(10, 20) if rng.random() < straggler_rate else rng.uniform(0, disorder_s)
+        deliveries.append(Delivery(offset + delay, event))
+        if rng.random() < duplicate_rate:
+            deliveries.append(Delivery(offset + delay + rng.uniform(0.5, 4.0), dict(event)))
+        if rng.random() < rum_rate:
+            minutes = rng.random() < late_rum_rate
+            rum_at = offset + e2e / 1000 + (rng.uniform(60, 100) if minutes else rng.uniform(0.05, 0.5))
+            rum = {"v": 1, "type": "rum", "event_id": f"rum-{seed}-{i:06d}", "ts": _iso_s(start_s + rum_at),
+                   "trace_id": event["trace_id"], "e2e_ms": round(e2e + rng.uniform(5, 60), 3)}
+            deliveries.append(Delivery(end if minutes else rum_at + rng.uniform(1, 6), rum))
+        if rng.random() < label_rate:
+            label = {"v": 1, "type": "feedback", "event_id": f"label-{seed}-{i:06d}",
+                     "ts": _iso_s(start_s + offset + rng.uniform(60, 110)), "trace_id": event["trace_id"],
+                     "correct": int(rng.random() < (0.7 if unit % len(variants) else 0.6)), "source": "human"}
+            deliveries.append(Delivery(end, label))
+    deliveries.sort(key=lambda d: d.at_s)
+    return deliveries
+
+
+def _iso_s(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def replay_windows(events: Iterable[dict[str, Any]]) -> dict[tuple[str, int], dict[str, float]]:
+    """Offline per (variant, window start ms) over unique trace_ids: request count and sums of
+    e2e, ttft and cost; RUM count and e2e sum (every RUM event of the request, once per
+    event_id); labels (the latest per trace) and correct ones. What /timeseries must show."""
+    requests: dict[str, dict[str, Any]] = {}
+    rum: dict[str, dict[str, Any]] = {}
+    labels: dict[str, dict[str, Any]] = {}
+    for event in events:
+        if event["type"] == "inference":
+            requests.setdefault(event["trace_id"], event)
+        elif event["type"] == "rum":
+            rum.setdefault(event["event_id"], event)
+        elif event["type"] == "feedback":
+            current = labels.get(event["trace_id"])
+            if current is None or parse_ms(event["ts"]) >= parse_ms(current["ts"]):
+                labels[event["trace_id"]] = event
+    out: dict[tuple[str, int], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for request in requests.values():
+        row = out[(request["variant"], window_start_ms(parse_ms(request["ts"])))]
+        row["n"] += 1
+        row["e2e_sum"] += request["e2e_ms"]
+        row["ttft_sum"] += request["ttft_ms"]
+        row["cost_sum"] += request["cost_usd"]
+    for event in rum.values():
+        request = requests.get(event["trace_id"])
+        if request is not None:
+            row = out[(request["variant"], window_start_ms(parse_ms(request["ts"])))]
+            row["rum_n"] += 1
+            row["rum_sum"] += event["e2e_ms"]
+    for trace, label in labels.items():
+        request = requests.get(trace)
+        if request is not None:
+            row = out[(request["variant"], window_start_ms(parse_ms(request["ts"])))]
+            row["labeled"] += 1
+            row["correct"] += label["correct"]
+    return {key: dict(value) for key, value in out.items()}

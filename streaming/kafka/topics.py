@@ -12,6 +12,10 @@ joins local if the job ever runs with parallelism equal to the partitions.
 - ``ablab.windows``: the Flink job's 10 s window rows (written transactionally).
 - ``ablab.deadletter``: refused inputs with their reason
   (:func:`ablab.streaming.events.dead_letter_record`).
+
+Replication follows the cluster: on three or more brokers every topic gets replication
+factor 3 and ``min.insync.replicas`` 2 (one broker may die without losing an acknowledged
+write or refusing ``acks=all`` producers); on fewer, as many replicas as brokers.
 """
 
 from __future__ import annotations
@@ -51,8 +55,17 @@ TOPICS: tuple[TopicSpec, ...] = (
 )
 
 
-def create_topics(*, bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS, timeout_s: float = 30.0) -> list[str]:
-    """Create the topics that do not exist yet; return the names created. Idempotent."""
+def replication_for(brokers: int) -> tuple[int, int]:
+    """(replication factor, min.insync.replicas) for a cluster of ``brokers``."""
+    replication = max(1, min(3, brokers))
+    return replication, 2 if replication >= 3 else 1
+
+
+def create_topics(*, bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS, timeout_s: float = 30.0,
+                  replication: int | None = None) -> list[str]:
+    """Create the topics that do not exist yet; return the names created. Idempotent.
+
+    ``replication`` defaults to :func:`replication_for` the brokers the cluster reports."""
     from kafka import KafkaAdminClient
     from kafka.admin import NewTopic
     from kafka.errors import TopicAlreadyExistsError
@@ -63,9 +76,12 @@ def create_topics(*, bootstrap: str, specs: tuple[TopicSpec, ...] = TOPICS, time
         existing = set(admin.list_topics())
         missing = [s for s in specs if s.name not in existing]
         if missing:
+            brokers = len(admin.describe_cluster()["brokers"]) if replication is None else replication
+            factor, min_isr = replication_for(brokers)
+            base = {"min.insync.replicas": str(min_isr)} if factor > 1 else {}
             try:
                 admin.create_topics(
-                    [NewTopic(s.name, s.partitions, 1, topic_configs=dict(s.config)) for s in missing],
+                    [NewTopic(s.name, s.partitions, factor, topic_configs={**base, **dict(s.config)}) for s in missing],
                     timeout_ms=int(timeout_s * 1000),
                 )
             except TopicAlreadyExistsError:  # a concurrent creator won the race

@@ -33,7 +33,19 @@ WINDOW_COLUMNS = (
 )
 LATE_COLUMNS = (
     "event_id", "type", "ts", "trace_id", "experiment", "variant", "window_start", "watermark", "e2e_ms",
+    "ttft_ms", "tpot_ms", "cost_usd", "prompt_tokens", "output_tokens", "is_error",
 )
+# What the loader itself can store and aggregate: ClickHouse's DateTime64 range, and numbers
+# whose squares are finite (window and rollup sums of squares). Physical bounds (a latency
+# within a day, an event time at most minutes ahead) are the edge's; these catch what a
+# producer writing straight to Kafka can still put on the bus.
+STORE_TS_MIN = datetime(1900, 1, 1, tzinfo=UTC)
+STORE_TS_MAX = datetime(2299, 12, 31, tzinfo=UTC)
+STORE_ABS_MAX = 1e150
+_NUMERIC_RAW = ("ttft_ms", "e2e_ms", "tpot_ms", "device_s", "cost_usd", "score")
+DEFAULT_MAX_FUTURE_S = 300.0
+"""Default of how far ahead of the loader's clock an event time may be (the Flink job's
+``max_future_s`` is the same bound)."""
 TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "raw_events": RAW_COLUMNS,
     "window_stats": WINDOW_COLUMNS,
@@ -56,9 +68,14 @@ KnownExperiments = Callable[[], Collection[str]] | None
 
 def route(
     *, topic: str, value: bytes | None, partition: int, offset: int, windows_topic: str,
-    known_experiments: Collection[str] | None = None,
+    known_experiments: Collection[str] | None = None, now: datetime | None = None,
+    max_future_s: float = DEFAULT_MAX_FUTURE_S,
 ) -> Routed | Rejection:
-    """The table and row for one Kafka record, or the reason it is refused."""
+    """The table and row for one Kafka record, or the reason it is refused.
+
+    ``now`` (default: the clock) and ``max_future_s`` bound the event time: an event more
+    than that ahead is refused, so a producer that bypassed the edge cannot store one.
+    """
     if value is None:
         return Rejection("$", "empty record (tombstone)")
     if len(value) > MAX_EVENT_BYTES:
@@ -71,7 +88,25 @@ def route(
     experiment = getattr(event, "experiment", None)
     if known_experiments is not None and experiment is not None and experiment not in known_experiments:
         return Rejection("experiment", f"unknown experiment {experiment!r}")
+    unstorable = storable(event, now=now, max_future_s=max_future_s)
+    if unstorable is not None:
+        return unstorable
     return Routed("raw_events", raw_event_row(event, payload=value, partition=partition, offset=offset))
+
+
+def storable(event: Any, *, now: datetime | None = None, max_future_s: float = DEFAULT_MAX_FUTURE_S) -> Rejection | None:
+    """Why a validated event cannot be stored and aggregated, or None."""
+    ts: datetime = event.ts
+    limit = (now or datetime.now(UTC)).timestamp() + max_future_s
+    if not STORE_TS_MIN <= ts <= STORE_TS_MAX or ts.timestamp() > limit:
+        return Rejection("ts", f"event time {ts.isoformat()} is more than {max_future_s:.0f} s ahead of the loader's "
+                               "clock or outside 1900..2299; fix the producer's clock")
+    get = vars(event).get
+    for name in _NUMERIC_RAW:
+        number = get(name)
+        if number is not None and not abs(number) <= STORE_ABS_MAX:
+            return Rejection(name, f"{number!r} is beyond what the store can aggregate (|x| <= {STORE_ABS_MAX:g})")
+    return None
 
 
 def raw_event_row(event: Any, *, payload: bytes, partition: int, offset: int) -> tuple[Any, ...]:
@@ -101,8 +136,10 @@ def _window_record(value: bytes, known_experiments: Collection[str] | None) -> R
         table, columns = "window_stats", WINDOW_COLUMNS
     elif kind == "late":
         return _late_record(record, known_experiments)
+    elif kind == "rejected":
+        return _rejected_record(record)
     else:
-        return Rejection("kind", f"`kind` must be inference or late; got {kind!r}")
+        return Rejection("kind", f"`kind` must be inference, late or rejected; got {kind!r}")
     values = []
     for name in columns:
         parsed = _field(record, name)
@@ -131,11 +168,31 @@ def _late_record(record: dict[str, Any], known_experiments: Collection[str] | No
     window_start = datetime.fromtimestamp(
         (int(ts.timestamp() * 1000) // _WINDOW_MS) * _WINDOW_MS / 1000, tz=UTC
     )
-    e2e = record.get("e2e_ms")
     return Routed("late_events", (
         values["event_id"], event_type, ts, values["trace_id"], experiment, record.get("variant") or "",
-        window_start, values["watermark"], float(e2e) if isinstance(e2e, (int, float)) else None,
+        window_start, values["watermark"], _number(record, "e2e_ms"),
+        _number(record, "ttft_ms"), _number(record, "tpot_ms"), _number(record, "cost_usd"),
+        _number(record, "prompt_tokens"), _number(record, "output_tokens"), 1 if record.get("is_error") else 0,
     ))
+
+
+def _number(record: dict[str, Any], name: str) -> float | None:
+    value = record.get(name)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+class FlinkRejection(Rejection):
+    """A record the Flink job kept out of its windows (an event time beyond the watermark
+    bound, a value out of bounds); the loader dead-letters it with the job's reason."""
+
+
+def _rejected_record(record: dict[str, Any]) -> Rejection:
+    field_name = record.get("field")
+    message = record.get("message")
+    if not isinstance(field_name, str) or not isinstance(message, str):
+        return Rejection("$", "a rejected row needs string `field` and `message`")
+    return FlinkRejection(field_name, f"flink: {message} (event_id {record.get('event_id')!r}, "
+                                      f"trace_id {record.get('trace_id')!r})")
 
 
 def _field(record: dict[str, Any], name: str) -> Any:

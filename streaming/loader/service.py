@@ -10,9 +10,18 @@ effect. Before the commit it also feeds the per-unit rollup (``unit_stats``) by
 recomputing the units the batch touched (:mod:`ablab.streaming.store.rollup`), so a
 replay rewrites the same values there too.
 
-Refused records (malformed JSON, wrong types, unknown experiment, oversized) are written to
-the dead-letter topic with their reason, stored in ``dead_letters`` and counted in
-:class:`LoaderStats`; the loader keeps going.
+Refused records (malformed JSON, wrong types, unknown experiment, oversized, values the
+store cannot aggregate, event times beyond the bound) are written to the dead-letter topic
+with their reason, stored in ``dead_letters`` and counted in :class:`LoaderStats`; the
+loader keeps going.
+
+One row never fails a batch. When an insert (or the rollup recompute) fails and the store
+still answers ``SELECT 1``, the batch is split in halves and each half stored on its own,
+down to single rows; a row that fails alone is removed again from ``raw_events`` (so the
+rollup of its unit is not poisoned), dead-lettered with ClickHouse's message and counted,
+and the rest of the batch is stored and committed. When the store does not answer, the
+failure is the store's: the same batch (never more) is retried with backoff, nothing new is
+polled meanwhile, and ``LoaderStats.consecutive_failures`` makes ``/readyz`` fail.
 
 chDB allows one process per data directory, so in embedded mode the API process runs
 ``Loader(client, bootstrap).run(stop_event)`` in a background thread; ``ablab loader`` runs
@@ -25,13 +34,14 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
+from datetime import UTC, datetime
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ablab.streaming.events import Rejection, dead_letter_record
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, EVENT_TOPICS, WINDOWS_TOPIC
-from ablab.streaming.loader.rows import TABLE_COLUMNS, Routed, route
+from ablab.streaming.loader.rows import DEFAULT_MAX_FUTURE_S, RAW_COLUMNS, TABLE_COLUMNS, Routed, route
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -45,18 +55,32 @@ _BOOTSTRAP_TIMEOUT_MS = 3_000
 _REJOIN_AFTER_S = 10.0
 _REJOIN_MAX_S = 300.0
 DEFAULT_TOPICS = (*EVENT_TOPICS.values(), WINDOWS_TOPIC)
+_LAG_REFRESH_S = 5.0  # end offsets are a broker round trip; the lag gauge need not be fresher
+_RAW_TYPE = RAW_COLUMNS.index("type")
+_RAW_EVENT_ID = RAW_COLUMNS.index("event_id")
 
 
 @dataclass
 class LoaderStats:
-    """Counters since start (read by /metrics and the CLI)."""
+    """Counters since start (read by /metrics, /readyz and the CLI)."""
 
     consumed: int = 0
     batches: int = 0
     loaded: Counter[str] = field(default_factory=Counter)
     dead_lettered: Counter[str] = field(default_factory=Counter)
     last_flush_at: float | None = None
+    """Wall-clock time of the last committed batch (the last success)."""
     rollup_units: int = 0
+    failures: int = 0
+    """Batches that could not be stored (the store did not answer); each is retried as is."""
+    consecutive_failures: int = 0
+    last_error: str | None = None
+    bisections: int = 0
+    """Batches split because some row of them failed to store."""
+    committed: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(topic, partition) → next offset committed (what tests and the lag gauge wait on)."""
+    lag: dict[tuple[str, int], int] = field(default_factory=dict)
+    """(topic, partition) → records between the committed offset and the partition's end."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -66,6 +90,12 @@ class LoaderStats:
             "dead_lettered": dict(self.dead_lettered),
             "dead_lettered_total": sum(self.dead_lettered.values()),
             "rollup_units": self.rollup_units,
+            "failures": self.failures,
+            "consecutive_failures": self.consecutive_failures,
+            "last_error": self.last_error,
+            "bisections": self.bisections,
+            "last_flush_at": self.last_flush_at,
+            "lag_total": sum(self.lag.values()),
         }
 
 
@@ -76,6 +106,20 @@ class _DeadLetter:
     offset: int
     rejection: Rejection
     raw: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class _Origin:
+    """Where a pending row came from, to dead-letter it if it alone fails to store."""
+
+    topic: str
+    partition: int
+    offset: int
+    raw: bytes
+
+
+class StoreUnavailable(RuntimeError):
+    """The store did not answer: the batch is kept and retried, not split."""
 
 
 class Loader:
@@ -95,6 +139,8 @@ class Loader:
         known_experiments: Callable[[], Collection[str]] | None = None,
         known_experiments_refresh_s: float = 10.0,
         rollup: bool = True,
+        max_future_s: float = DEFAULT_MAX_FUTURE_S,
+        retry_max_s: float = 30.0,
     ) -> None:
         self.client = client
         self.bootstrap = bootstrap
@@ -110,7 +156,11 @@ class Loader:
         self._known_refresh_s = known_experiments_refresh_s
         self._known: Collection[str] | None = None
         self._known_at = 0.0
+        self.max_future_s = max_future_s
+        self.retry_max_s = retry_max_s
         self._pending: dict[str, list[tuple[Any, ...]]] = defaultdict(list)
+        self._origins: dict[str, list[_Origin]] = defaultdict(list)
+        self._lag_at = 0.0
         self._dead: list[_DeadLetter] = []
         self._pending_count = 0
         self._consumer: Any = None
@@ -160,6 +210,9 @@ class Loader:
         """Load until ``stop_event`` is set (or, with ``idle_exit_s``, after that long with no records)."""
         if self._consumer is None:
             self._connect()
+        # A fresh consumer re-reads from the committed offsets: what an earlier run had
+        # pending is delivered again, so keeping it would grow the batch on every retry.
+        self._discard_pending()
         last_record_at = time.monotonic()
         batch_started = time.monotonic()
         never_assigned, rejoin_at, rejoin_wait = True, time.monotonic() + _REJOIN_AFTER_S, _REJOIN_AFTER_S
@@ -180,16 +233,39 @@ class Loader:
                     last_record_at = now
                 if self._pending_count or self._dead:
                     if self._pending_count + len(self._dead) >= self.batch_max_records or now - batch_started >= self.batch_max_s:
-                        self.flush()
+                        self._flush_until_stored(stop_event)
                         batch_started = time.monotonic()
                 else:
                     batch_started = now
+                if now - self._lag_at >= _LAG_REFRESH_S:  # idle too: lag grows while nothing is polled
+                    self._lag_at = now
+                    self._update_lag()
                 if idle_exit_s is not None and now - last_record_at >= idle_exit_s:
                     break
-            self.flush()
+            self._flush_until_stored(stop_event)
+            self._update_lag()
         finally:
             self.close()
         return self.stats
+
+    def _flush_until_stored(self, stop_event: threading.Event) -> None:
+        """Flush; while the store is away retry the same batch with backoff (nothing new is polled)."""
+        wait = 0.5
+        while True:
+            try:
+                self.flush()
+                return
+            except StoreUnavailable as exc:
+                log.warning("loader: the store is unavailable (%s); retrying the same batch in %.1f s", exc, wait)
+                if stop_event.wait(wait):
+                    raise
+                wait = min(2 * wait, self.retry_max_s)
+
+    def _discard_pending(self) -> None:
+        self._pending.clear()
+        self._origins.clear()
+        self._dead = []
+        self._pending_count = 0
 
     def _rejoin(self) -> None:
         """Re-subscribe when the topics have partitions but this consumer got none."""
@@ -209,14 +285,18 @@ class Loader:
             self._connect()
         polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=self.batch_max_records)
         known = self._known_now()
+        now = datetime.now(UTC)
         count = 0
         for partition, records in polled.items():
             for record in records:
                 count += 1
                 routed = route(topic=partition.topic, value=record.value, partition=partition.partition,
-                               offset=record.offset, windows_topic=self.windows_topic, known_experiments=known)
+                               offset=record.offset, windows_topic=self.windows_topic, known_experiments=known,
+                               now=now, max_future_s=self.max_future_s)
                 if isinstance(routed, Routed):
                     self._pending[routed.table].append(routed.row)
+                    self._origins[routed.table].append(_Origin(partition.topic, partition.partition, record.offset,
+                                                               record.value))
                     self._pending_count += 1
                 else:
                     self._dead.append(_DeadLetter(partition.topic, partition.partition, record.offset, routed, record.value))
@@ -224,31 +304,97 @@ class Loader:
         return count
 
     def flush(self) -> None:
-        """Insert the pending rows, dead-letter the refused ones, then commit offsets."""
+        """Store the pending rows (splitting around rows that fail alone), dead-letter the
+        refused ones, then commit offsets. Raises :class:`StoreUnavailable` (batch kept)."""
         if not self._pending_count and not self._dead:
             return
         from ablab.streaming.store import rollup
 
-        with rollup.batch_lock:  # a results read in this process sees whole batches only
-            for table, rows in self._pending.items():
-                if rows:
-                    self.client.insert(table, rows, column_names=list(TABLE_COLUMNS[table]))
-                    self.stats.loaded[table] += len(rows)
-            if self.rollup and self._pending.get("raw_events"):
-                # after the raw insert, before the commit: a replay recomputes the same unit rows
-                recomputed = rollup.feed(self.client, self._pending["raw_events"])
-                self.stats.rollup_units += sum(recomputed.values())
-        if self._dead:
-            self._write_dead_letters(self._dead)
-        self._commit()
-        self._pending.clear()
-        self._dead = []
-        self._pending_count = 0
+        refused: list[_DeadLetter] = []  # this attempt's only: a retried batch must not add them twice
+        try:
+            with rollup.batch_lock:  # a results read in this process sees whole batches only
+                for table, rows in self._pending.items():
+                    if rows:
+                        self._store(table, rows, self._origins[table], refused)
+            if self._dead or refused:
+                self._write_dead_letters([*self._dead, *refused])
+            self._commit()
+        except Exception as exc:
+            self._failed(exc)
+            raise
+        self._discard_pending()
         self.stats.batches += 1
+        self.stats.consecutive_failures = 0
         self.stats.last_flush_at = time.time()
 
+    def _failed(self, exc: BaseException) -> None:
+        self.stats.failures += 1
+        self.stats.consecutive_failures += 1
+        self.stats.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+
+    def _store(self, table: str, rows: list[tuple[Any, ...]], origins: list[_Origin], refused: list[_DeadLetter]) -> None:
+        """Insert ``rows`` (and feed the rollup for raw events); on a data error, bisect."""
+        try:
+            self._insert(table, rows)
+            return
+        except Exception as exc:  # noqa: BLE001 - told apart below: the store's failure or a row's
+            error = exc
+        self._check_store(error)
+        if len(rows) == 1:
+            refused.append(self._refuse_stored_row(table, rows[0], origins[0], error))
+            return
+        self.stats.bisections += 1
+        middle = len(rows) // 2
+        self._store(table, rows[:middle], origins[:middle], refused)
+        self._store(table, rows[middle:], origins[middle:], refused)
+
+    def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        from ablab.streaming.store import rollup
+
+        self.client.insert(table, rows, column_names=list(TABLE_COLUMNS[table]))
+        if table == "raw_events" and self.rollup:
+            # after the raw insert, before the commit: a replay recomputes the same unit rows
+            recomputed = rollup.feed(self.client, rows)
+            self.stats.rollup_units += sum(recomputed.values())
+        self.stats.loaded[table] += len(rows)
+
+    def _check_store(self, error: BaseException) -> None:
+        try:
+            self.client.query("SELECT 1")
+        except Exception as probe:  # noqa: BLE001
+            raise StoreUnavailable(f"{type(error).__name__}: {str(error)[:200]} (and SELECT 1 failed: {probe})") from error
+
+    def _refuse_stored_row(self, table: str, row: tuple[Any, ...], origin: _Origin, error: BaseException) -> _DeadLetter:
+        """A row that failed on its own: take it out of raw_events again (its unit's rollup
+        would fail on every later batch), then dead-letter it with the store's reason."""
+        if table == "raw_events":
+            self.client.command(
+                "DELETE FROM raw_events WHERE type = {type:String} AND event_id = {event_id:String}",
+                parameters={"type": row[_RAW_TYPE], "event_id": row[_RAW_EVENT_ID]},
+            )
+        message = f"{table}: {type(error).__name__}: {' '.join(str(error).split())[:400]}"
+        return _DeadLetter(origin.topic, origin.partition, origin.offset, Rejection("$store", message), origin.raw)
+
     def _commit(self) -> None:
-        self._consumer.commit()
+        self._consumer.commit()  # commits every assigned partition's consumed position
+        for tp in self._consumer.assignment():
+            position = self._consumer.position(tp)
+            if position is not None:
+                self.stats.committed[(tp.topic, tp.partition)] = position
+
+    def _update_lag(self) -> None:
+        """Records between each assigned partition's committed offset and its end (consumer lag)."""
+        try:
+            partitions = list(self._consumer.assignment())
+            if not partitions:
+                return
+            ends = self._consumer.end_offsets(partitions)
+        except Exception:  # noqa: BLE001 - lag is a gauge; a failed look-up leaves the last value
+            log.debug("loader: end offsets unavailable", exc_info=True)
+            return
+        for tp, end in ends.items():
+            key = (tp.topic, tp.partition)
+            self.stats.lag[key] = max(0, int(end) - self.stats.committed.get(key, 0))
 
     def _write_dead_letters(self, dead: list[_DeadLetter]) -> None:
         rows = []

@@ -97,14 +97,60 @@ def feedback_by_window(client: "Client", *, experiment: str) -> list[dict[str, A
     return _rows(client, sql, {"experiment": experiment})
 
 
+# A window's on-time row (Flink's window_stats) plus the late inference events of the same
+# window, added up: counts and sums add exactly, so a window ends up exact however late its
+# events came (the late-data policy in streaming/flink/job.py). Window percentiles do not
+# merge: they stay those of the on-time events (NaN when every event of the window was late).
+_WINDOWS_WITH_LATE = """
+    SELECT experiment, variant, window_start, max(window_end) AS window_end,
+           sum(n) AS n, sum(late_n) AS late_n, sum(errors) AS errors,
+           sum(e2e_sum) AS e2e_sum, sum(e2e_sumsq) AS e2e_sumsq, sum(ttft_sum) AS ttft_sum, sum(ttft_sumsq) AS ttft_sumsq,
+           sum(tpot_n) AS tpot_n, sum(tpot_sum) AS tpot_sum, sum(tpot_sumsq) AS tpot_sumsq,
+           sum(cost_sum) AS cost_sum, sum(cost_sumsq) AS cost_sumsq,
+           sum(prompt_tokens_sum) AS prompt_tokens_sum, sum(output_tokens_sum) AS output_tokens_sum,
+           if(countIf(on_time) > 0, anyIf(e2e_p50, on_time), nan) AS e2e_p50,
+           if(countIf(on_time) > 0, anyIf(e2e_p95, on_time), nan) AS e2e_p95,
+           if(countIf(on_time) > 0, anyIf(e2e_p99, on_time), nan) AS e2e_p99,
+           if(countIf(on_time) > 0, anyIf(ttft_p50, on_time), nan) AS ttft_p50,
+           if(countIf(on_time) > 0, anyIf(ttft_p95, on_time), nan) AS ttft_p95,
+           if(countIf(on_time) > 0, anyIf(ttft_p99, on_time), nan) AS ttft_p99,
+           max(emitted_at) AS emitted_at, max(loaded_at) AS loaded_at
+    FROM (
+        SELECT toString(experiment) AS experiment, toString(variant) AS variant, window_start, window_end,
+               n, toUInt64(0) AS late_n, errors, e2e_sum, e2e_sumsq, ttft_sum, ttft_sumsq, tpot_n, tpot_sum, tpot_sumsq,
+               cost_sum, cost_sumsq, prompt_tokens_sum, output_tokens_sum,
+               e2e_p50, e2e_p95, e2e_p99, ttft_p50, ttft_p95, ttft_p99, emitted_at, loaded_at, 1 AS on_time
+        FROM window_stats FINAL
+        WHERE experiment = {experiment:String}
+          AND window_start >= {start:DateTime64(3, 'UTC')} AND window_start < {end:DateTime64(3, 'UTC')}
+        UNION ALL
+        SELECT toString(experiment), toString(variant), window_start, window_start + INTERVAL 10 SECOND,
+               count(), count(), countIf(is_error = 1),
+               sum(assumeNotNull(e2e_ms)), sum(assumeNotNull(e2e_ms) * assumeNotNull(e2e_ms)),
+               sum(assumeNotNull(ttft_ms)), sum(assumeNotNull(ttft_ms) * assumeNotNull(ttft_ms)),
+               countIf(tpot_ms IS NOT NULL), sumIf(assumeNotNull(tpot_ms), tpot_ms IS NOT NULL),
+               sumIf(assumeNotNull(tpot_ms) * assumeNotNull(tpot_ms), tpot_ms IS NOT NULL),
+               sum(assumeNotNull(cost_usd)), sum(assumeNotNull(cost_usd) * assumeNotNull(cost_usd)),
+               sum(assumeNotNull(prompt_tokens)), sum(assumeNotNull(output_tokens)),
+               nan, nan, nan, nan, nan, nan, max(loaded_at), max(loaded_at), 0
+        FROM late_events FINAL
+        WHERE type = 'inference' AND experiment = {experiment:String}
+          AND window_start >= {start:DateTime64(3, 'UTC')} AND window_start < {end:DateTime64(3, 'UTC')}
+        GROUP BY experiment, variant, window_start
+    )
+    GROUP BY experiment, variant, window_start
+"""
+
+
 def window_rows(
     client: "Client", *, experiment: str, start: datetime | None = None, end: datetime | None = None,
 ) -> list[dict[str, Any]]:
-    """The 10 s window rows of an experiment (for ``/timeseries``), oldest first, with the
+    """The 10 s windows of an experiment (for ``/timeseries``), oldest first: Flink's window
+    row with the window's late events folded in (``late_n`` of its ``n`` arrived late), the
     RUM columns (``rum_*``) and the labels attributed to each window (``labeled``, ``correct``)."""
     sql = f"""
         SELECT w.experiment AS experiment, w.variant AS variant, w.window_start AS window_start,
-               w.window_end AS window_end, w.n AS n, w.errors AS errors,
+               w.window_end AS window_end, w.n AS n, w.late_n AS late_n, w.errors AS errors,
                w.e2e_sum AS e2e_sum, w.e2e_sumsq AS e2e_sumsq, w.ttft_sum AS ttft_sum, w.ttft_sumsq AS ttft_sumsq,
                w.tpot_n AS tpot_n, w.tpot_sum AS tpot_sum, w.tpot_sumsq AS tpot_sumsq,
                w.cost_sum AS cost_sum, w.cost_sumsq AS cost_sumsq,
@@ -114,8 +160,7 @@ def window_rows(
                r.n AS rum_n, r.e2e_sum AS rum_e2e_sum, r.e2e_sumsq AS rum_e2e_sumsq, r.e2e_p95 AS rum_e2e_p95,
                f.labeled AS labeled, f.correct AS correct,
                w.emitted_at AS emitted_at, w.loaded_at AS loaded_at
-        FROM (SELECT * FROM window_stats FINAL WHERE experiment = {{experiment:String}}
-              AND window_start >= {{start:DateTime64(3, 'UTC')}} AND window_start < {{end:DateTime64(3, 'UTC')}}) AS w
+        FROM ({_WINDOWS_WITH_LATE}) AS w
         LEFT JOIN (
             SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
                    count() AS n, sum(c.e2e_ms) AS e2e_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_sumsq,

@@ -1,8 +1,12 @@
 -- Kafka source: the inference topic (ablab.streaming.kafka.topics). RUM and feedback are not
 -- read here: both are attributed to their request's window in ClickHouse, by trace_id.
 -- Event time is `ts`; the watermark trails the largest ts seen by the bounded
--- out-of-orderness. Bad JSON and wrong-typed fields become NULLs (ignore-parse-errors)
--- and are filtered out in 30_transform.sql; the loader dead-letters the same records.
+-- out-of-orderness. A record whose ts is further ahead than max_future_s of the processing
+-- clock gives no watermark (NULL: Flink keeps the partition's current one), so a record the
+-- edge never saw (a producer writing here directly, ts 9999-12-31) cannot move a
+-- partition's watermark at all; 30_transform.sql routes such records to rejected rows. Bad JSON and
+-- wrong-typed fields become NULLs (ignore-parse-errors) and are filtered out in
+-- 30_transform.sql; the loader dead-letters the same records.
 CREATE TEMPORARY TABLE inference_events (
     event_id      STRING,
     ts            TIMESTAMP_LTZ(3),
@@ -18,7 +22,9 @@ CREATE TEMPORARY TABLE inference_events (
     `error`       STRING,
     kafka_partition INT METADATA FROM 'partition' VIRTUAL,
     arrival       AS PROCTIME(),
-    WATERMARK FOR ts AS ts - INTERVAL '${out_of_orderness_s}' SECOND
+    WATERMARK FOR ts AS CASE WHEN ts <= CAST(CURRENT_TIMESTAMP AS TIMESTAMP_LTZ(3))
+                                          + INTERVAL '${max_future_interval}' DAY TO SECOND(3)
+                             THEN ts - INTERVAL '${out_of_orderness_s}' SECOND END
 ) WITH (
     'connector' = 'kafka',
     'topic' = '${inference_topic}',

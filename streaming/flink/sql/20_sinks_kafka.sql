@@ -26,10 +26,12 @@ CREATE TEMPORARY TABLE inference_window_sink (
     'json.timestamp-format.standard' = 'ISO-8601'
 );
 
+-- A late event carries every value its window sums: the store folds it into that window.
 CREATE TEMPORARY TABLE late_sink (
     kind STRING, event_type STRING, event_id STRING, trace_id STRING,
     experiment STRING, `variant` STRING, ts TIMESTAMP_LTZ(3), `watermark` TIMESTAMP_LTZ(3),
-    e2e_ms DOUBLE
+    e2e_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, cost_usd DOUBLE,
+    prompt_tokens BIGINT, output_tokens BIGINT, is_error INT
 ) WITH (
     'connector' = 'kafka',
     'topic' = '${windows_topic}',
@@ -37,6 +39,22 @@ CREATE TEMPORARY TABLE late_sink (
     'properties.transaction.timeout.ms' = '${transaction_timeout_ms}',
     'sink.delivery-guarantee' = '${delivery_guarantee}',
     'sink.transactional-id-prefix' = '${transactional_id_prefix}-late',
+    'format' = 'json',
+    'json.timestamp-format.standard' = 'ISO-8601'
+);
+
+-- Records kept out of every window (an event time beyond the watermark bound, a value out
+-- of physical bounds): the loader dead-letters them with `field` and `message`.
+CREATE TEMPORARY TABLE rejected_sink (
+    kind STRING, field STRING, message STRING, event_id STRING, trace_id STRING,
+    experiment STRING, `variant` STRING, ts TIMESTAMP_LTZ(3)
+) WITH (
+    'connector' = 'kafka',
+    'topic' = '${windows_topic}',
+    'properties.bootstrap.servers' = '${bootstrap}',
+    'properties.transaction.timeout.ms' = '${transaction_timeout_ms}',
+    'sink.delivery-guarantee' = '${delivery_guarantee}',
+    'sink.transactional-id-prefix' = '${transactional_id_prefix}-rejected',
     'format' = 'json',
     'json.timestamp-format.standard' = 'ISO-8601'
 );

@@ -1,8 +1,10 @@
 -- The transformation, kept apart from sources and sinks so it runs on bounded input in
 -- tests. Window: 10 s TUMBLE on event time. Late-data policy (also in job.py):
+--   * records out of bounds (an event time beyond max_future_s, a value out of physical
+--     bounds) are rejected first (rejected_rows) and never reach a window or a watermark;
 --   * duplicates (same event_id, e.g. a producer retry or a spool replay) count once: the
 --     first arrival of each event_id is kept (Flink's deduplication, one flag of state per
---     event_id, kept for table.exec.state.ttl = JobConfig.dedup_ttl_s), before anything else;
+--     event_id, kept for table.exec.state.ttl = JobConfig.dedup_ttl_s), before any window;
 --   * an event is LATE when its ts is at or more than the out-of-orderness bound behind the
 --     largest ts read before it from the same Kafka partition (reproducible offline from each
 --     partition's order), OR when its ts is at or behind the current watermark (an event on
@@ -18,37 +20,79 @@
 -- every INSERT (sub-plan reuse), so each event crosses each keyed exchange once; mini-batch
 -- stays off because it makes the deduplication emit updates (retracting aggregates).
 
-CREATE TEMPORARY VIEW inference_first AS
-SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-       cost_usd, is_error, kafka_partition, arrival
-FROM (
-    SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-           cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, arrival,
-           ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
-    FROM inference_events
-    WHERE event_id IS NOT NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
-      AND experiment IS NOT NULL AND `variant` IS NOT NULL
-      AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
-      AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL
-)
-WHERE arrival_rank = 1;
+-- Screening: an event time more than max_future_s ahead of the processing clock, or a
+-- value outside physical bounds (what the edge refuses; a producer writing to Kafka
+-- directly bypasses it), is rejected here, before the de-duplication and the per-partition
+-- maximum of the late rule, so it can neither move a watermark nor poison a window's sums
+-- (1.7e308 squared is Infinity, which JSON cannot carry). A record without event_id (a
+-- direct producer) gets the id the edge would derive (ablab.streaming.events.derive_event_id:
+-- the first 128 bits of SHA-256 over 'inference', a unit separator and the trace_id, in hex),
+-- so its redeliveries collapse here as they do in raw_events.
+CREATE TEMPORARY VIEW inference_screened AS
+SELECT COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id)) FROM 1 FOR 32)) AS event_id,
+       ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
+       cost_usd, `error`, kafka_partition, arrival,
+       CASE
+           WHEN ts > arrival + INTERVAL '${max_future_interval}' DAY TO SECOND(3) THEN 'ts'
+           WHEN NOT (e2e_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'e2e_ms'
+           WHEN NOT (ttft_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'ttft_ms'
+           WHEN tpot_ms IS NOT NULL AND NOT (tpot_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'tpot_ms'
+           WHEN NOT (cost_usd BETWEEN 0 AND ${max_cost_usd}) THEN 'cost_usd'
+           WHEN NOT (prompt_tokens BETWEEN 0 AND ${max_tokens}) THEN 'prompt_tokens'
+           WHEN NOT (output_tokens BETWEEN 0 AND ${max_tokens}) THEN 'output_tokens'
+       END AS rejected_field
+FROM inference_events
+WHERE ts IS NOT NULL AND trace_id IS NOT NULL
+  AND experiment IS NOT NULL AND `variant` IS NOT NULL
+  AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
+  AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL;
 
+CREATE TEMPORARY VIEW rejected_rows AS
+SELECT 'rejected' AS kind, rejected_field AS field,
+       CASE rejected_field
+           WHEN 'ts' THEN 'event time more than ${max_future_s} s ahead of the processing clock'
+           ELSE 'outside physical bounds (latencies 0..${max_latency_ms} ms, cost 0..${max_cost_usd}, tokens 0..${max_tokens})'
+       END AS message,
+       event_id, trace_id, experiment, `variant`, CAST(ts AS TIMESTAMP_LTZ(3)) AS ts
+FROM inference_screened
+WHERE rejected_field IS NOT NULL;
+
+-- The late rule comes next, straight off the screening: a keyed exchange by kafka_partition
+-- is one channel from the subtask that reads the partition, so the rule sees each
+-- partition in its Kafka order at any parallelism. (After the exchange by event_id of the
+-- de-duplication, a partition's events reach the rule over as many channels as there are
+-- subtasks, interleaved by network buffering: at parallelism 2 it called a third of an
+-- on-time stream late.) A duplicate carries its original's ts, which the partition has
+-- already seen, so it moves no partition's maximum: the flags equal the rule applied
+-- after de-duplication, as reference.late_ids computes it.
 -- seen_watermark: the partition's largest ts so far minus the bound (a plain timestamp,
 -- not an event-time attribute, hence the CAST).
-CREATE TEMPORARY VIEW inference_checked AS
+CREATE TEMPORARY VIEW inference_seen AS
 SELECT *,
        ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
 FROM (
-    SELECT *,
+    SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
+           cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, arrival,
            CAST(MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
                 - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
-    FROM inference_first
+    FROM inference_screened
+    WHERE rejected_field IS NULL
 );
+
+CREATE TEMPORARY VIEW inference_checked AS
+SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
+       cost_usd, is_error, kafka_partition, arrival, seen_watermark, is_late
+FROM (
+    SELECT *, ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
+    FROM inference_seen
+)
+WHERE arrival_rank = 1;
 
 CREATE TEMPORARY VIEW late_rows AS
 SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`,
-       CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms
+       CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms,
+       ttft_ms, tpot_ms, cost_usd, prompt_tokens, output_tokens, is_error
 FROM inference_checked
 WHERE is_late;
 

@@ -52,11 +52,19 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     inference = sorted(stream.inference, key=lambda e: e["ts"])
     bad = [b"{broken", json.dumps({**inference[0], "event_id": "bad-type", "e2e_ms": "fast"}).encode(),
            json.dumps({**inference[0], "event_id": "no-variant", "variant": None}).encode()]
+    # What a producer writing to Kafka directly can still send (issue 19): an event time in
+    # year 9999 and a latency of 1.7e308 mid-stream (rejected, and the events after them are
+    # not late), and an event without event_id delivered twice (identified by its trace_id).
+    poison = [{**inference[0], "event_id": "future", "trace_id": "future", "ts": "9999-12-31T00:00:00Z"},
+              {**inference[1], "event_id": "huge", "trace_id": "huge", "e2e_ms": 1.7e308}]
+    middle = len(inference) // 2
+    anonymous = {k: v for k, v in {**inference[middle], "trace_id": "anon-trace"}.items() if k != "event_id"}
     path = str(tmp_path / "inference.json")
     with open(path, "wb") as handle:
-        for event in inference:
+        for event in [*inference[:middle], *poison, anonymous, *inference[middle:], anonymous]:
             handle.write(json.dumps(event).encode() + b"\n")
         handle.write(b"\n".join(bad) + b"\n")
+    inference = [*inference, {**anonymous, "event_id": ref.identity(anonymous)}]
 
     config = job.JobConfig(out_of_orderness_s=2.0)
     # The job's own execution options (object reuse, state TTL, no mini-batch),
@@ -73,6 +81,13 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     windows = {_key(r): r for r in _collect(env, "inference_window_stats", list(WINDOW_COLUMNS))}
     late = _collect(env, "late_rows", ["event_type", "event_id", "ts", "watermark"])
     late_ids = {r["event_id"] for r in late}
+    assert late_ids == set()  # in ts order, and the year-9999 event did not move the per-partition maximum
+    # the id the job derives is the edge's (derive_event_id), and its two deliveries are one
+    anon_ids = [r["event_id"] for r in _collect(env, "inference_first", ["event_id", "trace_id"])
+                if r["trace_id"] == "anon-trace"]
+    assert anon_ids == [ref.identity(anonymous)]
+    rejected = _collect(env, "rejected_rows", ["field", "event_id"])
+    assert sorted((r["field"], r["event_id"]) for r in rejected) == [("e2e_ms", "huge"), ("ts", "future")]
     expected = ref.inference_windows(inference, late_ids=late_ids)
     assert set(windows) == set(expected) and len(expected) == 8  # 4 windows x 2 variants
     for key, row in expected.items():

@@ -181,3 +181,40 @@ def test_a_loader_whose_join_gave_no_partitions_rejoins_and_loads(kafka_broker, 
                                       windows_topic=topics.windows, deadletter_topic=topics.deadletter)
     _load_until(loader, len(stream))
     assert loader.stats.loaded["raw_events"] == len(stream), loader.stats.as_dict()
+
+
+def test_a_row_the_store_refuses_is_dead_lettered_alone_and_the_batch_is_stored(kafka_broker, store):
+    """issue 19: a value ClickHouse cannot take (here a CHECK constraint the store enforces,
+    beside a 1.7e308 latency and a year-9999 timestamp that the loader itself refuses) used
+    to fail every batch forever. Now the batch is split around the failing rows: every
+    ordinary event is stored, each poison row is dead-lettered with the store's reason and
+    counted, offsets are committed to the end, and nothing is read twice."""
+    topics = PipelineTopics.unique("poison")
+    topics.create(bootstrap=kafka_broker)
+    good = ref.canned_stream(start=datetime(2026, 3, 5, tzinfo=UTC), windows=2, per_window=100, experiment="poison",
+                             duplicate_rate=0.0).inference
+    store.command("ALTER TABLE raw_events ADD CONSTRAINT test_poison CHECK e2e_ms IS NULL OR e2e_ms != 4242.0")
+    refused_by_store = [dict(good[i], event_id=f"p{i}", trace_id=f"p{i}", e2e_ms=4242.0) for i in (3, 77, 150)]
+    huge = dict(good[5], event_id="huge", trace_id="huge", e2e_ms=1.7e308)
+    future = dict(good[6], event_id="future", trace_id="future", ts="9999-12-31T00:00:00Z")
+    producer = RawProducer(kafka_broker)
+    sent = producer.send(topics.inference, [*good[:50], refused_by_store[0], huge, *good[50:120], refused_by_store[1],
+                                            future, *good[120:], refused_by_store[2]])
+    producer.close()
+
+    loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
+                    windows_topic=topics.windows, deadletter_topic=topics.deadletter, batch_max_records=120)
+    assert _run(loader) is None
+    assert loader.stats.consumed == sent  # nothing re-read: no batch was retried or grew
+    assert loader.stats.dead_lettered == {"$store": 3, "e2e_ms": 1, "ts": 1}
+    assert loader.stats.bisections > 0 and loader.stats.failures == 0
+    assert queries.dead_letter_counts(store) == {"$store": 3, "e2e_ms": 1, "ts": 1}
+    stored = store.query("SELECT event_id FROM raw_events FINAL WHERE experiment = 'poison'").result_rows
+    assert {r[0] for r in stored} == {e["event_id"] for e in good}
+    # the rollup is not poisoned: every unit's figures equal the good events'
+    requests, e2e = store.query(
+        "SELECT sum(requests), sum(e2e_ms_sum) FROM unit_stats FINAL WHERE experiment = 'poison'").result_rows[0]
+    assert requests == len(good) and e2e == pytest.approx(sum(e["e2e_ms"] for e in good), rel=1e-12)
+    assert sum(loader.stats.committed.values()) == sent and sum(loader.stats.lag.values()) == 0
+    messages = [r[0] for r in store.query("SELECT message FROM dead_letters FINAL WHERE field = '$store'").result_rows]
+    assert all("raw_events" in m and "test_poison" in m for m in messages), messages

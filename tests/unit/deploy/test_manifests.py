@@ -131,4 +131,21 @@ def test_flinkdeployment_uses_operator_fields():
                         "checkpointTriggerNonce", "upgradeMode", "allowNonRestoredState", "savepointRedeployNonce"}
     assert job["upgradeMode"] in {"stateless", "savepoint", "last-state"} and job["state"] in {"running", "suspended"}
     assert job["entryClass"] == "org.apache.flink.client.python.PythonDriver" and "ablab.streaming.flink.job" in job["args"]
-    assert spec["flinkConfiguration"]["state.checkpoints.dir"], "restore needs a checkpoint dir"
+    assert spec["flinkConfiguration"]["execution.checkpointing.dir"], "restore needs a checkpoint dir"
+
+
+def test_flinkdeployment_submits_exactly_what_the_session_cluster_gets():
+    """Same entry point, same flags: the operator's job.args are what `ablab stream submit
+    --cluster` renders for the same settings (bootstrap from the ConfigMap, parallelism 2)."""
+    from ablab.streaming.flink.cluster import cluster_job_config, submission_arguments
+    from ablab.streaming.flink.job import JobConfig, _parse_args
+
+    (fd,) = [d for d in _base() if d["kind"] == "FlinkDeployment"]
+    (cm,) = [d for d in _base() if d["kind"] == "ConfigMap"]
+    args = fd["spec"]["job"]["args"]
+    parsed = _parse_args([a for a in args[2:] if a != "--detached"])
+    assert parsed.parallelism == fd["spec"]["job"]["parallelism"] >= 2
+    assert parsed.bootstrap == cm["data"]["ABLAB_KAFKA_BOOTSTRAP"]
+    assert parsed.checkpoint_dir is None  # storage is the cluster's: flinkConfiguration
+    expected = cluster_job_config(JobConfig(bootstrap=parsed.bootstrap, idle_timeout_s=5.0, parallelism=2))
+    assert args == submission_arguments(expected)

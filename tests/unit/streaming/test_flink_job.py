@@ -20,7 +20,21 @@ def test_every_placeholder_in_the_sql_has_a_value_and_none_is_left():
     assert "'properties.bootstrap.servers' = '127.0.0.1:19250'" in text
     assert "'topic' = 'x.inference'" in text
     inserts = [s for s in statements if s.upper().startswith("INSERT")]
-    assert len(inserts) == 2  # one statement set: windows, late rows
+    assert len(inserts) == 3  # one statement set: windows, late rows, rejected rows
+
+
+def test_the_watermark_and_the_late_rule_are_bounded_by_the_processing_clock():
+    """issue 19: one ts in year 9999 must not move a partition's watermark past now + max_future_s,
+    nor reach the late rule's per-partition maximum (it is rejected before that)."""
+    text = "\n".join(job.statements(JobConfig(max_future_s=120, out_of_orderness_s=5)))
+    watermark = text[text.index("WATERMARK FOR ts"):text.index(") WITH (")]
+    assert "WHEN ts <= CAST(CURRENT_TIMESTAMP AS TIMESTAMP_LTZ(3))" in watermark
+    assert "INTERVAL '0 00:02:00.000' DAY TO SECOND(3)" in watermark
+    assert "THEN ts - INTERVAL '5.000' SECOND END" in watermark  # a record beyond the bound gives no watermark
+    screened = text.index("CREATE TEMPORARY VIEW inference_screened")
+    assert text.index("WHEN ts > arrival + INTERVAL '0 00:02:00.000' DAY TO SECOND(3) THEN 'ts'") > screened
+    assert "FROM inference_screened\n    WHERE rejected_field IS NULL" in text  # only screened rows are de-duplicated
+    assert "COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id)) FROM 1 FOR 32))" in text
 
 
 def test_a_quote_in_a_parameter_cannot_change_a_statement():
@@ -46,7 +60,7 @@ def test_bad_configuration_names_the_field(kwargs, field):
 def test_bounded_mode_and_exactly_once_reach_the_sql():
     text = "\n".join(job.statements(JobConfig(bounded=True)))
     assert "'scan.bounded.mode' = 'latest-offset'" in text
-    assert text.count("'sink.delivery-guarantee' = 'exactly-once'") == 2
+    assert text.count("'sink.delivery-guarantee' = 'exactly-once'") == 3
     assert "'properties.isolation.level' = 'read_committed'" in text
 
 

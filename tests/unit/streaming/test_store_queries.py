@@ -4,6 +4,7 @@ routed exactly as the loader routes them, each inserted twice (a redelivery)."""
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -86,20 +87,29 @@ def test_window_rows_and_reconciliation(client):
     rum = [{"v": 1, "type": "rum", "event_id": f"r{i}", "ts": _ts(at), "trace_id": trace, "e2e_ms": e2e}
            for i, (trace, at, e2e) in enumerate([("t0", 300, 9.0), ("t1", 4, 3.0), ("t9", 5, 6.0), ("nobody", 1, 99.0)])]
     late = {"kind": "late", "event_type": "inference", "event_id": "e9", "trace_id": "t9", "experiment": "x",
-            "variant": "a", "ts": _ts(3), "watermark": _ts(60), "e2e_ms": 7.0}
+            "variant": "a", "ts": _ts(3), "watermark": _ts(60), "e2e_ms": 7.0, "ttft_ms": 2.0, "tpot_ms": 4.0,
+            "cost_usd": 0.5, "prompt_tokens": 3, "output_tokens": 2, "is_error": 1}
+    # every event of window 20-30 s came late: the window exists from its late rows alone
+    only_late = {**late, "event_id": "e8", "trace_id": "t8", "ts": _ts(25), "e2e_ms": 11.0, "is_error": 0}
     events = [_inference(i, seconds=i + 1, variant="a", unit="u", e2e=5.0) for i in range(2)]
     events.append(_inference(9, seconds=3, variant="a", unit="u", e2e=7.0))
-    _load(client, [("w", window), ("w", late)] + [("i", e) for e in events] + [("r", e) for e in rum])
+    events.append(_inference(8, seconds=25, variant="a", unit="u", e2e=11.0))
+    _load(client, [("w", window), ("w", late), ("w", only_late)] + [("i", e) for e in events] + [("r", e) for e in rum])
 
     rows = queries.window_rows(client, experiment="x")
-    assert len(rows) == 1
-    assert rows[0]["n"] == 2 and rows[0]["rum_n"] == 3
+    assert len(rows) == 2
+    # the late event is folded into its own window: n, sums and errors include it, late_n says so
+    assert rows[0]["n"] == 3 and rows[0]["late_n"] == 1 and rows[0]["errors"] == 1 and rows[0]["rum_n"] == 3
+    assert (rows[0]["e2e_sum"], rows[0]["ttft_sum"], rows[0]["tpot_n"], rows[0]["tpot_sum"]) == (8.5, 3.5, 1, 5.5)
+    assert (rows[0]["e2e_sumsq"], rows[0]["cost_sum"], rows[0]["output_tokens_sum"]) == (50.5, 2.0, 3.5)
+    assert rows[0]["e2e_p95"] == 1.5  # percentiles stay the on-time events' (they do not merge)
+    assert (rows[1]["n"], rows[1]["late_n"], rows[1]["e2e_sum"]) == (1, 1, 11.0) and math.isnan(rows[1]["e2e_p95"])
     assert (rows[0]["rum_e2e_sum"], rows[0]["rum_e2e_sumsq"]) == (18.0, 126.0)
     assert rows[0]["rum_e2e_p95"] == pytest.approx(8.7)  # linear interpolation of 3, 6, 9
     assert rows[0]["labeled"] is None  # no labels yet
-    assert queries.window_rows(client, experiment="x", start=BASE + timedelta(seconds=10)) == []
-    assert queries.reconciliation(client, experiment="x") == {"raw": 3, "windowed": 2, "late": 1, "balanced": True}
-    assert [r["event_id"] for r in queries.late_events(client, experiment="x")] == ["e9"]
+    assert queries.window_rows(client, experiment="x", start=BASE + timedelta(seconds=30)) == []
+    assert queries.reconciliation(client, experiment="x") == {"raw": 4, "windowed": 2, "late": 2, "balanced": True}
+    assert [r["event_id"] for r in queries.late_events(client, experiment="x")] == ["e9", "e8"]
 
 
 def test_user_input_is_bound_not_formatted(client):

@@ -104,4 +104,4 @@ def test_events_flow_to_results_and_bad_ones_are_counted(pipeline_api) -> None:
     mean = {v: sum(e["e2e_ms"] for e in good if e["variant"] == v) / 200 for v in "ab"}
     assert diff["abs_diff"] == pytest.approx(mean["b"] - mean["a"], abs=1e-6)
     metrics_text = __import__("httpx").get(f"{pipeline_api.base_url}/metrics").text
-    assert "ablab_ingest_events_rejected" in metrics_text
+    assert 'ablab_ingest_events_total{endpoint="events",outcome="rejected"} 2.0' in metrics_text

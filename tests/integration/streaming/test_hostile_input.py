@@ -1,0 +1,131 @@
+"""issue 19, "Must show": hostile input through the live pipeline (real broker, the API with
+its in-process loader and embedded ClickHouse, the Flink job in a mini-cluster).
+
+Each poison case goes in between ordinary events, through the API and, for what the API can
+refuse, also straight to Kafka (a producer that bypasses the edge). Afterwards every
+ordinary event is in ``/results`` and in the 10 s windows, every poison record is refused
+or dead-lettered and counted, the loader keeps committing, and the watermark keeps moving:
+the ordinary events sent after a year-9999 timestamp are on time, also after the job was
+restarted from a checkpoint taken after it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+
+import pytest
+
+from live_support import iso, ordinary, wait_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
+
+EXPERIMENT = "hostile"
+
+
+def _phase(tag: str, count: int) -> list[dict]:
+    """``count`` ordinary events stamped now, in time order (nothing late by construction)."""
+    now = time.time()
+    return [ordinary(EXPERIMENT, "ab"[i % 2], f"{tag}-{uuid.uuid4().hex[:10]}", ts=iso(now - 1 + i * 0.01),
+                     e2e=100.0 + (i % 13) * 7 + (25 if i % 2 else 0)) for i in range(count)]
+
+
+def _deep(depth: int) -> bytes:
+    return b'{"events": [' + b'{"a": ' * depth + b"1" + b"}" * depth + b"]}"
+
+
+def test_poison_records_never_stop_the_pipeline(live_stack):
+    stack = live_stack
+    stack.create_experiment(EXPERIMENT)
+    sent: list[dict] = []
+    poison_traces: dict[str, str] = {}  # trace_id → case
+
+    def send_ordinary(tag: str, count: int = 60) -> None:
+        batch = _phase(tag, count)
+        response = stack.post_events(batch)
+        assert response.status_code == 202 and response.json()["accepted"] == count, response.text
+        sent.extend(batch)
+
+    def poison(case: str, **changes) -> dict:
+        event = {**_phase(case, 1)[0], **changes}
+        poison_traces[event["trace_id"]] = case
+        return event
+
+    send_ordinary("p1")
+    # --- through the API -------------------------------------------------------------------------
+    refused_at_edge = 0
+    for case, changes in [("huge-latency", {"e2e_ms": 1.7e308}), ("year-9999", {"ts": "9999-12-31T00:00:00Z"}),
+                          ("unknown-variant", {"variant": "zzz"})]:
+        response = stack.post_events([poison(case, **changes)])
+        assert response.status_code < 500, (case, response.text)
+        refused_at_edge += response.json().get("rejected", 0) if response.status_code == 202 else 1
+        send_ordinary(f"after-{case}", 20)
+    deep = stack.post_events(_deep(1000))
+    assert 400 <= deep.status_code < 500 and deep.headers["content-type"].startswith("application/problem+json"), deep.text
+    garbage = stack.post_events(b"\xff\xfe\x00garbage{{")
+    assert garbage.status_code == 400, garbage.text
+    # --- straight to Kafka: the edge never sees these ------------------------------------------
+    direct = [poison("direct-huge", e2e_ms=1.7e308), poison("direct-9999", ts="9999-12-31T00:00:00Z"),
+              poison("direct-negative", ttft_ms=-5.0)]
+    anonymous = {k: v for k, v in _phase("direct-anon", 1)[0].items()}  # no event_id, delivered twice
+    stack.produce_direct([*direct, b"\x00\x01 not json at all", anonymous, anonymous])
+    sent.append(anonymous)
+    send_ordinary("p2")
+
+    # The loader keeps going: everything ordinary is stored, its offsets committed to the end.
+    wait_until(lambda: stack.results(EXPERIMENT).get("metrics") and sum(
+        m["n"] for m in stack.results(EXPERIMENT)["metrics"] if m["metric"] == "e2e_ms") == len(sent),
+        timeout_s=120, what="every ordinary event in /results", diagnosis=stack.diagnosis)
+    # The Flink job rejected the direct year-9999 record (a rejected row, dead-lettered by the
+    # loader from the windows topic) and a checkpoint completed after that; then the job
+    # restarts from that checkpoint.
+    wait_until(stack.checkpoints, timeout_s=240, what="the job's first checkpoint", diagnosis=stack.diagnosis)
+
+    def job_rejected() -> bool:
+        return any(letter["source"] == "loader:ablab.windows" and direct[1]["trace_id"] in letter["raw"]
+                   for letter in stack.dead_letters())
+
+    wait_until(job_rejected, timeout_s=120, what="the job's rejection of the year-9999 record", diagnosis=stack.diagnosis)
+    checkpoint = stack.checkpoints()
+    wait_until(lambda: stack.checkpoints() > checkpoint, timeout_s=60, what="a checkpoint after the poison")
+    stack.restart_flink()
+    send_ordinary("p3")
+    stack.close_windows(after=time.time())
+
+    # Every ordinary event is in the windows, on time: the watermark was never moved to 9999
+    # (after which every later event on that partition would be late), not even after the restore.
+    def windows_complete() -> dict | None:
+        series = stack.timeseries(EXPERIMENT)["series"]
+        points = [p for s in series for p in s["points"]]
+        return series if sum(p["n"] for p in points) == len(sent) else None
+
+    series = wait_until(windows_complete, timeout_s=180, what="every ordinary event in the 10 s windows",
+                        diagnosis=stack.diagnosis)
+    assert sum(p["late"] for s in series for p in s["points"]) == 0
+    by_variant = {s["variant"]: sum(p["n"] for p in s["points"]) for s in series}
+    assert by_variant == {v: sum(1 for e in sent if e["variant"] == v) for v in "ab"}
+    e2e_sum = sum(p["n"] * p["value"] for s in series for p in s["points"])
+    assert e2e_sum == pytest.approx(sum(e["e2e_ms"] for e in sent), rel=1e-9)
+
+    results = stack.results(EXPERIMENT)
+    assert {m["variant"] for m in results["metrics"]} == {"a", "b"}  # "zzz" never became a variant
+    assert {m["variant"]: m["n"] for m in results["metrics"] if m["metric"] == "e2e_ms"} == by_variant
+
+    # Every poison record is refused or dead-lettered, with its reason, and counted.
+    letters = stack.dead_letters()
+    lettered = {trace for trace in poison_traces for letter in letters if trace in letter.get("raw", "")}
+    assert lettered == set(poison_traces), {poison_traces[t] for t in set(poison_traces) - lettered}
+    assert any(letter["source"].startswith("loader:ablab.windows") and "9999" in letter["raw"] for letter in letters)
+    assert any("not json" in letter["raw"] for letter in letters)  # the direct garbage bytes
+    metrics = stack.metrics()
+    assert metrics.get("ablab_loader_dead_lettered_records_total{field=e2e_ms}", 0) >= 1
+    assert metrics.get("ablab_loader_dead_lettered_records_total{field=ts}", 0) >= 2
+    assert metrics.get("ablab_loader_dead_lettered_records_total{field=$}", 0) >= 1
+    assert metrics.get("ablab_loader_failing") == 0.0 and metrics.get("ablab_loader_failures_total") == 0.0
+    assert metrics["ablab_loader_last_success_timestamp_seconds"] > time.time() - 60
+    wait_until(lambda: sum(v for k, v in stack.metrics().items() if k.startswith("ablab_loader_consumer_lag")) == 0,
+               timeout_s=30, what="the loader's lag back to 0")
+    ready = stack.client("viewer").get("/readyz")
+    assert ready.status_code == 200, ready.text
+    assert set(json.loads(ready.text)["checks"]) >= {"loader", "emitter", "stream_job", "clickhouse"}

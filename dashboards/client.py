@@ -6,10 +6,26 @@ so a form can show the message next to the widget at fault.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 import httpx
+
+
+def allowed_api_urls(api_url: str, extra: Iterable[str] = ()) -> list[str]:
+    """The APIs this dashboard may talk to: the one it was started with, then any listed in
+    ``ABLAB_DASHBOARD_API_URLS``. Sign-in offers these only; a URL typed by a visitor would
+    make this server send requests wherever the visitor likes and show the reply."""
+    urls = [u.strip().rstrip("/") for u in (api_url, *extra) if u and u.strip()]
+    return list(dict.fromkeys(urls))
+
+
+def segment(value: str) -> str:
+    """One URL path segment: ``/``, ``?``, ``#``, ``%`` and ``..`` cannot change the route."""
+    quoted = quote(str(value), safe="")
+    return quoted.replace(".", "%2E") if quoted in (".", "..") else quoted
 
 
 @dataclass
@@ -72,25 +88,33 @@ class ApiClient:
 
     # -- experiments ----------------------------------------------------------------------
     def list_experiments(self, *, status: str | None = None, owner: str | None = None, q: str | None = None,
-                         limit: int = 100, offset: int = 0) -> dict[str, Any]:
-        params = {k: v for k, v in {"status": status, "owner": owner, "q": q, "limit": limit, "offset": offset}.items() if v not in (None, "")}
+                         archived: str | None = None, limit: int = 100, offset: int = 0) -> dict[str, Any]:
+        """``archived``: None (the API's default: left out), "include" or "only"."""
+        params = {k: v for k, v in {"status": status, "owner": owner, "q": q, "archived": archived, "limit": limit,
+                                    "offset": offset}.items() if v not in (None, "")}
         return self._json("GET", "/v1/experiments", params=params)
 
     def get_experiment(self, key: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/experiments/{key}")
+        return self._json("GET", f"/v1/experiments/{segment(key)}")
 
     def create_experiment(self, body: dict[str, Any]) -> dict[str, Any]:
         return self._json("POST", "/v1/experiments", json=body)
 
     def update_experiment(self, key: str, body: dict[str, Any], *, version: int) -> dict[str, Any]:
-        return self._json("PATCH", f"/v1/experiments/{key}", json=body, headers={"If-Match": f'"{version}"'})
+        return self._json("PATCH", f"/v1/experiments/{segment(key)}", json=body, headers={"If-Match": f'"{version}"'})
 
     def lifecycle(self, key: str, action: str, *, version: int | None = None) -> dict[str, Any]:
         headers = {"If-Match": f'"{version}"'} if version is not None else {}
-        return self._json("POST", f"/v1/experiments/{key}/{action}", headers=headers)
+        return self._json("POST", f"/v1/experiments/{segment(key)}/{segment(action)}", headers=headers)
+
+    def archive(self, key: str, *, unarchive: bool = False) -> dict[str, Any]:
+        return self._json("POST", f"/v1/experiments/{segment(key)}/{'unarchive' if unarchive else 'archive'}")
+
+    def delete_experiment(self, key: str) -> None:
+        self._call("DELETE", f"/v1/experiments/{segment(key)}")
 
     def audit(self, key: str, *, limit: int = 200) -> list[dict[str, Any]]:
-        return self._json("GET", f"/v1/experiments/{key}/audit", params={"limit": limit})
+        return self._json("GET", f"/v1/experiments/{segment(key)}/audit", params={"limit": limit})
 
     def layers(self) -> list[dict[str, Any]]:
         return self._json("GET", "/v1/layers")
@@ -108,13 +132,13 @@ class ApiClient:
 
     # -- results --------------------------------------------------------------------------
     def results(self, key: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/experiments/{key}/results")
+        return self._json("GET", f"/v1/experiments/{segment(key)}/results")
 
     def timeseries(self, key: str, *, metric: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/experiments/{key}/timeseries", params={"metric": metric})
+        return self._json("GET", f"/v1/experiments/{segment(key)}/timeseries", params={"metric": metric})
 
     def attribution(self, key: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/experiments/{key}/attribution")
+        return self._json("GET", f"/v1/experiments/{segment(key)}/attribution")
 
 
 def _problem(response: httpx.Response) -> ApiError:

@@ -34,6 +34,25 @@ GUARDRAIL_BADGES = {"pass": "🟢 pass", "fail": "🔴 breach", "inconclusive": 
 STATUS_BADGES = {"draft": "⚪ draft", "running": "🟢 running", "paused": "🟡 paused", "stopped": "⚫ stopped"}
 
 
+# Every ASCII punctuation character may be backslash-escaped in CommonMark; escaping all
+# of them is simpler than knowing which ones Streamlit's Markdown (links, images, HTML,
+# `$` math, `:color[...]` directives, emphasis) would act on.
+_MARKDOWN_SPECIAL = frozenset("\\`*_{}[]()<>#+-.!|~:$&\"'=^@%;,?/")
+
+
+def md_escape(text: Any) -> str:
+    """User text (names, owners, API messages quoting input) shown literally in Markdown."""
+    out = []
+    for ch in str(text):
+        if ch in _MARKDOWN_SPECIAL:
+            out.append("\\" + ch)
+        elif ch in "\r\n":
+            out.append(" ")  # a newline could start a heading or a list
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
 def _finite(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -189,7 +208,7 @@ def experiments_table(items: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     rows = [{
         "Key": e["key"],
         "Name": e.get("name", ""),
-        "Status": STATUS_BADGES.get(e.get("status", ""), e.get("status", "")),
+        "Status": STATUS_BADGES.get(e.get("status", ""), e.get("status", "")) + (" · 🗄️ archived" if e.get("archived_at") else ""),
         "Owner": e.get("owner") or "—",
         "Traffic": fmt_pct(e.get("traffic"), digits=0),
         "Variants": len(e.get("variants", [])),

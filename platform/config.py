@@ -48,6 +48,8 @@ class Settings(BaseSettings):
     api_host: str = "127.0.0.1"
     api_port: int = Field(default=8000, ge=1, le=65535)
     dashboard_port: int = Field(default=8501, ge=1, le=65535)
+    dashboard_api_urls: list[str] = Field(
+        default=[], description="Other ablab APIs the dashboard's sign-in may offer; it talks to `api_url` and these only.")
     webhook_secret: SecretStr = SecretStr(_DEV_WEBHOOK_SECRET)
     bucket_space: int = Field(default=10_000, ge=10_000, description="Assignment buckets per hash space.")
     sdk_refresh_s: float = Field(default=10.0, gt=0)

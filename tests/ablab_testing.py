@@ -121,6 +121,19 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
     return subprocess.run([ABLAB, *args], env=env, capture_output=True, text=True, check=True, timeout=120)
 
 
+def _test_key(scope: str, home: Path, env: dict[str, str]) -> str:
+    """A token named ``test-<scope>``; a second API on the same database gets
+    ``test-<scope>-<home>`` (names are unique among active keys)."""
+    for name in (f"test-{scope}", f"test-{scope}-{home.name}"):
+        done = subprocess.run([ABLAB, "keys", "create", "--name", name, "--scope", scope], env=env, capture_output=True,
+                              text=True, timeout=120)
+        if done.returncode == 0:
+            return done.stdout.strip().splitlines()[-1]
+        if "active key named" not in done.stdout + done.stderr:
+            raise subprocess.CalledProcessError(done.returncode, done.args, done.stdout, done.stderr)
+    raise RuntimeError(f"could not create a {scope} key:\n{done.stdout}{done.stderr}")
+
+
 def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = None) -> ApiServer:
     port = server_ports()  # the API binds after `db upgrade`'s own connections
     env = {
@@ -133,10 +146,7 @@ def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = 
         **(extra_env or {}),
     }
     run_cli("db", "upgrade", "--no-clickhouse", env=env)
-    tokens = {
-        scope: run_cli("keys", "create", "--name", f"test-{scope}", "--scope", scope, env=env).stdout.strip().splitlines()[-1]
-        for scope in ("admin", "editor", "viewer", "sdk")
-    }
+    tokens = {scope: _test_key(scope, home, env) for scope in ("admin", "editor", "viewer", "sdk")}
     log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen([ABLAB, "api", "--port", str(port), "--no-migrate"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

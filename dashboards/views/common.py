@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import streamlit as st
 
 from ablab.dashboards.client import ApiClient, ApiError
+from ablab.dashboards.format import md_escape
+from ablab.platform.registry.schemas import KEY_PATTERN
 
 PAGES = ("experiments", "new", "edit", "results")
+_KEY = re.compile(KEY_PATTERN)
 
 
 @dataclass
@@ -32,13 +36,22 @@ def goto(page: str, experiment: str | None = None) -> None:
 
 
 def current_page() -> tuple[str, str | None]:
+    """The page and experiment key from the URL; an ``exp`` that cannot be an experiment
+    key is reported (as plain text) and dropped, so it never reaches an API path."""
     page = st.query_params.get("page", "experiments")
-    return (page if page in PAGES else "experiments"), st.query_params.get("exp")
+    exp = st.query_params.get("exp")
+    if exp is not None and not _KEY.fullmatch(exp):
+        st.error(f"No experiment has the key “{md_escape(exp[:100])}”: keys are lower-case letters, digits, "
+                 "'-' and '_'. Pick one on the Experiments page.", icon="🔎")
+        exp = None
+    return (page if page in PAGES else "experiments"), exp
 
 
 def show_api_error(exc: ApiError, *, what: str) -> None:
-    where = f" — field `{exc.field}`" if exc.field else ""
-    st.error(f"Could not {what}: {exc.detail}{where}", icon="⚠️")
+    """``what`` is the page's own wording (callers escape any user text in it); the API's
+    message quotes user input, so it is escaped here."""
+    where = f" — field {md_escape(exc.field)}" if exc.field else ""
+    st.error(f"Could not {what}: {md_escape(exc.detail)}{where}", icon="⚠️")
 
 
 def field_error(errors: dict[str, str], *names: str) -> None:
@@ -47,14 +60,16 @@ def field_error(errors: dict[str, str], *names: str) -> None:
         for key, message in errors.items():
             if key == name or key.startswith(name + "."):
                 suffix = key[len(name) + 1:] if key != name else ""
-                st.error(f"{suffix + ': ' if suffix else ''}{message}", icon="✋")
+                st.error(md_escape(f"{suffix + ': ' if suffix else ''}{message}"), icon="✋")
                 return
 
 
-def call(fn: Any, *args: Any, what: str, **kw: Any) -> Any:
-    """Run an API call; on failure show why and return None."""
+def call(fn: Any, *args: Any, what: str, ok: bool = False, **kw: Any) -> Any:
+    """Run an API call; on failure show why and return None (``ok``: True on success for
+    calls that return nothing)."""
     try:
-        return fn(*args, **kw)
+        result = fn(*args, **kw)
     except ApiError as exc:
         show_api_error(exc, what=what)
         return None
+    return True if ok and result is None else result

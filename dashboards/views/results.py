@@ -11,8 +11,8 @@ import streamlit as st
 from ablab.dashboards import charts
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import (
-    DECISION_BADGES, STATUS_BADGES, fmt_count, fmt_p, fmt_pct, fmt_value, guardrail_table, metric_label, results_csv,
-    results_table,
+    DECISION_BADGES, STATUS_BADGES, fmt_count, fmt_p, fmt_pct, fmt_value, guardrail_table, md_escape, metric_label,
+    results_csv, results_table,
 )
 from ablab.dashboards.views.common import Context, goto, show_api_error
 
@@ -38,17 +38,18 @@ def render(ctx: Context, key: str | None) -> None:
         return
     exp, err = _fetch(ctx.client.get_experiment, key)
     if err:
-        show_api_error(err, what=f"load experiment `{key}`")
+        show_api_error(err, what=f"load experiment {md_escape(key)}")
         return
-    st.title(f"Results: {exp['name']}")
-    st.caption(f"`{exp['key']}` · {STATUS_BADGES.get(exp['status'], exp['status'])} · control `{exp['control']}` · "
-               f"unit {exp['unit']} · traffic {fmt_pct(exp['traffic'], digits=0)}")
+    st.title(f"Results: {md_escape(exp['name'])}")
+    archived = " · 🗄️ archived" if exp.get("archived_at") else ""
+    st.caption(f"{md_escape(exp['key'])} · {STATUS_BADGES.get(exp['status'], md_escape(exp['status']))}{archived} · "
+               f"control {md_escape(exp['control'])} · unit {md_escape(exp['unit'])} · traffic {fmt_pct(exp['traffic'], digits=0)}")
     if st.button("⚙️ Experiment settings", key="res_settings"):
         goto("edit", key)
     result, err = _fetch(ctx.client.results, key)
     if err:
         if err.status == 503:
-            st.warning(f"Results are not available from this API: {err.detail}", icon="🛠️")
+            st.warning(f"Results are not available from this API: {md_escape(err.detail)}", icon="🛠️")
         else:
             show_api_error(err, what="load results")
         return
@@ -89,10 +90,10 @@ def _decisions(result: dict[str, Any]) -> None:
     cols = st.columns(len(decisions))
     for col, d in zip(cols, decisions):
         with col.container(border=True):
-            st.markdown(f"**{d['variant']}** vs control")
+            st.markdown(f"**{md_escape(d['variant'])}** vs control")
             st.markdown(f"### {DECISION_BADGES.get(d['decision'], d['decision'])}")
             for reason in d.get("reasons", [])[:4]:
-                st.caption(reason)
+                st.caption(md_escape(reason))
 
 
 def _table(result: dict[str, Any], key: str) -> None:
@@ -131,7 +132,7 @@ def _live(ctx: Context, key: str) -> None:
     def draw() -> None:
         series, err = _fetch(ctx.client.timeseries, key, metric=metric)
         if err:
-            st.warning(f"No window series: {err.detail}")
+            st.warning(f"No window series: {md_escape(err.detail)}")
             return
         if not any(s.get("points") for s in series.get("series", [])):
             st.info("No 10 s windows yet: the stream job writes one per variant every 10 seconds once events flow.")
@@ -168,7 +169,7 @@ def _attribution(ctx: Context, key: str) -> None:
     st.subheader("Trade-offs and attribution")
     att, err = _fetch(ctx.client.attribution, key)
     if err:
-        st.warning(f"No attribution: {err.detail}")
+        st.warning(f"No attribution: {md_escape(err.detail)}")
         return
     st.altair_chart(charts.pareto_chart(att), width="stretch")
     frame = charts.pareto_frame(att)

@@ -173,6 +173,7 @@ def create_app(settings: Settings | None = None, *, extensions: list[Extension] 
             for component in order:
                 if component is not None and hasattr(component, "close"):
                     _close_bounded(component)
+            state.tokens.close()
             engine.dispose()
 
     app = FastAPI(

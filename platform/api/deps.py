@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Header, Request
+from fastapi import Depends, Header, Query, Request
 from sqlalchemy.orm import Session
 
 from ablab.platform.api.state import AppState, Principal
@@ -13,6 +13,15 @@ from ablab.platform.auth import allows
 from ablab.platform.registry.db import transaction
 from ablab.platform.errors import Forbidden, Invalid, PreconditionRequired, Unauthorized
 from ablab.platform.registry.schemas import Scope
+
+
+# Integer columns are 64-bit at most; a larger offset or id used to reach the database and
+# fail there (500). Bounded here, it is a 422 naming the parameter.
+MAX_OFFSET = 1_000_000_000
+MAX_ID = 2**62
+
+Offset = Annotated[int, Query(ge=0, le=MAX_OFFSET, description="Rows to skip.")]
+Limit = Annotated[int, Query(ge=1, le=500)]
 
 
 def get_state(request: Request) -> AppState:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -16,8 +18,10 @@ from sqlalchemy.orm import Session, sessionmaker
 from ablab.platform.assignment import AssignmentConfig
 from ablab.platform.auth import authenticate, hash_token
 from ablab.platform.config import Settings
+from ablab.platform.errors import Unauthorized, Unavailable
 from ablab.platform.registry import service
-from ablab.platform.registry.db import transaction
+from ablab.platform.registry.db import make_engine, transaction
+from ablab.platform.registry.models import aware
 from ablab.platform.registry.schemas import Scope
 
 
@@ -67,33 +71,102 @@ class Principal:
     scope: Scope
 
 
-class TokenCache:
-    """Validated tokens by hash for ``ttl_s``: the hot path skips the database.
+@dataclass(frozen=True, slots=True)
+class _Cached:
+    principal: Principal
+    auth_revision: int  # the revocation counter the key was looked up under
+    until: float  # monotonic: look the key up again after this
+    expires_at: float | None  # epoch seconds; the key is refused from then on
 
-    A revoked key stops working within ``ttl_s``.
+
+# A constant statement (no input). Run on raw driver connections: SQLAlchemy's pool
+# checkout and result machinery cost ~5x the query itself (docs/benchmarks/control-plane.md).
+_AUTH_REVISION_SQL = "SELECT revision FROM auth_revision WHERE id = 1"
+_IDLE_READERS = 8
+
+
+class TokenCache:
+    """Validated tokens by hash, so the hot path skips the key lookup.
+
+    Every request still reads the one-row revocation counter (``auth_revision``), which
+    each revocation bumps in its own transaction: an entry cached under an older counter
+    is looked up again, so a revoked key fails on its next request on every API process.
+    The read is one primary-key SELECT on a kept autocommit driver connection, one round
+    trip (cost measured in docs/benchmarks/control-plane.md).
     """
 
-    def __init__(self, factory: sessionmaker[Session], *, ttl_s: float = 30.0) -> None:
+    def __init__(self, factory: sessionmaker[Session], revision_engine: Engine, *, ttl_s: float = 30.0) -> None:
         self._factory = factory
+        self._engine = revision_engine
         self._ttl_s = ttl_s
-        self._entries: dict[str, tuple[float, Principal]] = {}
+        self._entries: dict[str, _Cached] = {}
+        self._idle: list[Any] = []  # driver connections; list pop/append are atomic
+
+    def _auth_revision(self) -> int:
+        for attempt in (0, 1):
+            try:
+                conn = self._idle.pop()
+            except IndexError:
+                conn = None
+            try:
+                if conn is None:
+                    conn = self._engine.raw_connection()
+                cursor = conn.cursor()
+                cursor.execute(_AUTH_REVISION_SQL)
+                row = cursor.fetchone()
+                cursor.close()
+            except Exception as exc:  # noqa: BLE001 - any driver error: drop the connection, retry once
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        conn.invalidate()
+                if attempt == 0:
+                    continue
+                raise Unavailable("cannot check whether the token was revoked: the config database "
+                                  "is unreachable; retry shortly") from exc
+            if len(self._idle) < _IDLE_READERS:
+                self._idle.append(conn)
+            else:
+                conn.close()
+            return int(row[0]) if row else 0
+        raise AssertionError("unreachable")
 
     def resolve(self, token: str) -> Principal | None:
+        """The token's principal; None for an unknown or revoked token. Raises
+        :class:`Unauthorized` for an expired one (the message says so)."""
         digest = hash_token(token)
+        revision = self._auth_revision()
         hit = self._entries.get(digest)
-        now = time.monotonic()
-        if hit is not None and hit[0] > now:
-            return hit[1]
+        if hit is not None and hit.auth_revision == revision and hit.until > time.monotonic():
+            if hit.expires_at is not None and time.time() >= hit.expires_at:
+                self._entries.pop(digest, None)
+                raise _expired(hit.expires_at)
+            return hit.principal
         with transaction(self._factory) as session:
             key = authenticate(session, token)
-            principal = Principal(name=key.name, scope=Scope(key.scope)) if key else None
-        if principal is None:
-            self._entries.pop(digest, None)
-            return None
+            if key is None:
+                self._entries.pop(digest, None)
+                return None
+            principal = Principal(name=key.name, scope=Scope(key.scope))
+            expires = aware(key.expires_at)
+        expires_ts = expires.timestamp() if expires is not None else None
+        if expires_ts is not None and time.time() >= expires_ts:
+            raise _expired(expires_ts)
         if len(self._entries) > 10_000:
             self._entries.clear()
-        self._entries[digest] = (now + self._ttl_s, principal)
+        self._entries[digest] = _Cached(principal, revision, time.monotonic() + self._ttl_s, expires_ts)
         return principal
+
+    def close(self) -> None:
+        while self._idle:
+            with contextlib.suppress(Exception):
+                self._idle.pop().close()
+        self._engine.dispose()
+
+
+def _expired(at: float) -> Unauthorized:
+    when = datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds")
+    return Unauthorized(f"this token expired at {when}; ask an admin for a new key (POST /v1/keys or ablab keys create)",
+                        field="Authorization")
 
 
 @dataclass
@@ -149,6 +222,6 @@ class AppState:
             engine=engine,
             sessions=sessions,
             assignments=assignments,
-            tokens=TokenCache(sessions),
+            tokens=TokenCache(sessions, make_engine(settings.resolved_database_url, revision_reader=True)),
             metrics=Metrics(),
         )

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from ablab.platform.assignment.hashing import bucket, bucket_batch
-from ablab.platform.assignment.targeting import Condition, matches_all
+from ablab.platform.assignment.targeting import Rule, matches_all
 
 DEFAULT_BUCKET_SPACE = 10_000
 
@@ -74,7 +74,7 @@ class ExperimentSpec:
     layer: str | None = None
     layer_range: tuple[int, int] | None = None
     holdout: str | None = None
-    targeting: tuple[Condition, ...] = ()
+    targeting: tuple[Rule, ...] = ()
     forced: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ablab.platform.assignment.engine import AssignmentConfig, ExperimentSpec, HoldoutSpec, LayerSpec, VariantSpec
-from ablab.platform.assignment.targeting import Condition, Op
+from ablab.platform.assignment.targeting import rules_from_stored
 
 
 def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
@@ -27,7 +27,7 @@ def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
                 layer=e.get("layer"),
                 layer_range=tuple(e["layer_range"]) if e.get("layer_range") else None,
                 holdout=e.get("holdout"),
-                targeting=tuple(Condition(r["attribute"], Op(r["op"]), r["value"]) for r in e.get("targeting", [])),
+                targeting=rules_from_stored(e.get("targeting", []), experiment=e["key"]),
                 forced=dict(e.get("forced", {})),
                 variants=tuple(
                     VariantSpec(key=v["key"], weight=v["weight"], strategy=v["strategy"], paused=v.get("paused", False))

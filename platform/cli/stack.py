@@ -51,15 +51,21 @@ def _demo_tokens(settings: Settings) -> dict[str, str]:
     path = settings.home / "run" / "demo-tokens.json"
     if path.exists():
         return json.loads(path.read_text())
-    from ablab.platform.auth import create_api_key
+    from ablab.platform.auth import create_api_key, revoke_api_key_by_id
     from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
+    from ablab.platform.registry.models import ApiKey
     from ablab.platform.registry.schemas import Scope
+    from sqlalchemy import select
 
     engine = make_engine(settings.resolved_database_url)
     tokens = {}
     with transaction(make_sessionmaker(engine)) as session:
         for scope in (Scope.admin, Scope.sdk):
-            tokens[scope.value] = create_api_key(session, name=f"demo-{scope.value}", scope=scope)[1]
+            name = f"demo-{scope.value}"
+            # The tokens file is gone, so an older demo key of this name is unusable: retire it.
+            for old in session.scalars(select(ApiKey.id).where(ApiKey.name == name, ApiKey.revoked_at.is_(None))).all():
+                revoke_api_key_by_id(session, key_id=old, actor="ablab up")
+            tokens[scope.value] = create_api_key(session, name=name, scope=scope)[1]
     engine.dispose()
     path.touch(mode=0o600)
     path.write_text(json.dumps(tokens))

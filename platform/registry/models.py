@@ -5,12 +5,19 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Integer, String, Text, UniqueConstraint, event
+from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, event, text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
+
+
+def aware(moment: datetime | None) -> datetime | None:
+    """SQLite hands timestamps back without a zone; they were written in UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
 
 
 class Base(DeclarativeBase):
@@ -65,6 +72,8 @@ class Experiment(Base):
     updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(nullable=True)
     stopped_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # Archived experiments are read-only, out of the SDK config and of the default list.
+    archived_at: Mapped[datetime | None] = mapped_column(nullable=True)
 
     layer: Mapped[Layer | None] = relationship(lazy="joined")
     holdout: Mapped[Holdout | None] = relationship(lazy="joined")
@@ -97,8 +106,16 @@ class Variant(Base):
     experiment: Mapped[Experiment] = relationship(back_populates="variants")
 
 
+ACTIVE_KEY = text("revoked_at IS NULL")
+
+
 class ApiKey(Base):
     __tablename__ = "api_keys"
+    # One active key per name, so "who holds this key" has one answer; the database
+    # enforces it, so two concurrent creates cannot both win.
+    __table_args__ = (
+        Index("uq_api_keys_active_name", "name", unique=True, sqlite_where=ACTIVE_KEY, postgresql_where=ACTIVE_KEY),
+    )
 
     id: Mapped[int] = mapped_column(primary_key=True)
     name: Mapped[str] = mapped_column(String(200))
@@ -107,6 +124,20 @@ class ApiKey(Base):
     scope: Mapped[str] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(nullable=True)
+
+
+class AuthRevision(Base):
+    """One row, bumped in the same transaction as every revocation.
+
+    Each API process reads it on every authenticated request (one primary-key read), so
+    its token cache can keep positive entries yet never serve a revoked key.
+    """
+
+    __tablename__ = "auth_revision"
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    revision: Mapped[int] = mapped_column(Integer, default=0)
 
 
 class AuditEntry(Base):

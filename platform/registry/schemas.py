@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from ablab.platform.assignment.targeting import Condition, Op
+from ablab.platform.assignment.targeting import MAX_ATTRIBUTE_NAME_CHARS, MAX_PATTERN_CHARS, Condition, Op
 from ablab.platform.strategy import OpenStrategy
 
 KEY_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,63}$"
+MAX_RULES = 32  # targeting rules per experiment: each is evaluated on every assignment
 
 
 class UnitType(StrEnum):
@@ -35,7 +36,9 @@ class Scope(StrEnum):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # NaN and infinity ("NaN" strings included) would be stored as null: a bound that
+    # silently bounds nothing. Refuse them with the field named.
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class VariantIn(_Strict):
@@ -54,17 +57,22 @@ class VariantOut(BaseModel):
 
 
 class TargetingRule(_Strict):
-    attribute: str = Field(min_length=1, max_length=64)
+    attribute: str = Field(min_length=1, max_length=MAX_ATTRIBUTE_NAME_CHARS)
     op: Op
-    value: Any
+    value: Any = Field(description=f"A regex is RE2 syntax (linear time; no backreferences or lookaround), "
+                                   f"at most {MAX_PATTERN_CHARS} characters.")
 
-    @model_validator(mode="after")
-    def _valid(self) -> "TargetingRule":
+    @field_validator("value")
+    @classmethod
+    def _valid(cls, value: Any, info: ValidationInfo) -> Any:
+        attribute, op = info.data.get("attribute"), info.data.get("op")
+        if attribute is None or op is None:
+            return value  # already refused on its own field
         try:
-            Condition(self.attribute, self.op, self.value)
+            Condition(attribute, op, value)
         except (ValueError, TypeError) as exc:
-            raise ValueError(f"invalid {self.op.value} rule on '{self.attribute}': {exc}") from exc
-        return self
+            raise ValueError(f"invalid {op.value} rule on '{attribute}': {exc}") from exc
+        return value
 
 
 def _known_metric(name: str) -> str:
@@ -145,7 +153,7 @@ class ExperimentCreate(_Strict):
     variants: list[VariantIn] = Field(min_length=2, max_length=64)
     metrics: Metrics = Field(default_factory=Metrics)
     guardrails: list[Guardrail] = Field(default_factory=list)
-    targeting: list[TargetingRule] = Field(default_factory=list)
+    targeting: list[TargetingRule] = Field(default_factory=list, max_length=MAX_RULES)
     forced: dict[str, str] = Field(default_factory=dict, description="unit id → variant key, for test units.")
 
     @model_validator(mode="after")
@@ -171,7 +179,7 @@ class ExperimentUpdate(_Strict):
     variants: list[VariantIn] | None = Field(default=None, min_length=2, max_length=64)
     metrics: Metrics | None = None
     guardrails: list[Guardrail] | None = None
-    targeting: list[TargetingRule] | None = None
+    targeting: list[TargetingRule] | None = Field(default=None, max_length=MAX_RULES)
     forced: dict[str, str] | None = None
     new_phase: bool = Field(default=False, description="Reshuffle units: required to change weights or variants.")
 
@@ -206,6 +214,7 @@ class ExperimentRead(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     stopped_at: datetime | None
+    archived_at: datetime | None = None
 
 
 class ExperimentPage(BaseModel):
@@ -249,12 +258,33 @@ class AuditRead(BaseModel):
 
 
 class ApiKeyCreate(_Strict):
-    name: str = Field(min_length=1, max_length=200)
+    name: str = Field(min_length=1, max_length=200, description="Unique among active keys.")
     scope: Scope
+    expires_at: AwareDatetime | None = Field(default=None, description="Refused from this moment on; must be in the future.")
+
+
+class ApiKeyRead(BaseModel):
+    """A key as admins see it: never the token or its hash."""
+
+    id: int
+    name: str
+    prefix: str
+    scope: Scope
+    status: Literal["active", "expired", "revoked"]
+    created_at: datetime
+    expires_at: datetime | None
+    revoked_at: datetime | None
+
+
+class ApiKeyPage(BaseModel):
+    items: list[ApiKeyRead]
+    total: int
 
 
 class ApiKeyCreated(BaseModel):
+    id: int
     name: str
     scope: Scope
     prefix: str
+    expires_at: datetime | None = None
     token: str = Field(description="Shown once; only its hash is stored.")

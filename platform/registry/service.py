@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, or_, select, update
 from sqlalchemy.orm import Session
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
 from ablab.platform.assignment.payload import config_from_payload  # noqa: F401 - re-exported
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed
 from ablab.platform.factors.service import check_strategies
-from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, utcnow
+from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, aware, utcnow
 from ablab.platform.registry.schemas import (
     AuditRead,
     ExperimentCreate,
@@ -38,12 +39,19 @@ TRANSITIONS: dict[str, tuple[frozenset[Status], Status]] = {
 
 
 def _bump_revision(session: Session) -> None:
-    row = session.get(RegistryRevision, 1)
-    if row is None:
-        session.add(RegistryRevision(id=1, revision=1))
-    else:
-        row.revision += 1
+    # An atomic increment: with read-modify-write two concurrent writers could store the
+    # same number, and a cache that read it after the first would never see the second.
     session.flush()
+    session.execute(update(RegistryRevision).where(RegistryRevision.id == 1).values(revision=RegistryRevision.revision + 1))
+
+
+def _flush_new(session: Session, conflict: str, *, field: str) -> None:
+    """Flush an insert; a unique key taken by a concurrent writer since our check is a 409."""
+    try:
+        with session.begin_nested():
+            session.flush()
+    except IntegrityError as exc:
+        raise Conflict(conflict, field=field) from exc
 
 
 def registry_revision(session: Session) -> int:
@@ -99,10 +107,11 @@ def to_read(exp: Experiment) -> ExperimentRead:
         targeting=exp.targeting,
         forced=exp.forced,
         version=exp.version,
-        created_at=exp.created_at,
-        updated_at=exp.updated_at,
-        started_at=exp.started_at,
-        stopped_at=exp.stopped_at,
+        created_at=aware(exp.created_at),
+        updated_at=aware(exp.updated_at),
+        started_at=aware(exp.started_at),
+        stopped_at=aware(exp.stopped_at),
+        archived_at=aware(exp.archived_at),
     )
 
 
@@ -124,7 +133,7 @@ def _allocate(session: Session, layer: Layer, share: float | None, bucket_space:
     held = sorted(
         session.execute(
             select(Experiment.layer_lo, Experiment.layer_hi).where(
-                Experiment.layer_id == layer.id, Experiment.status != Status.stopped.value
+                Experiment.layer_id == layer.id, Experiment.status != Status.stopped.value, Experiment.archived_at.is_(None)
             )
         ).all()
     )
@@ -168,10 +177,14 @@ def list_experiments(
     status: Status | None = None,
     owner: str | None = None,
     search: str | None = None,
+    archived: bool | None = None,
     limit: int = 100,
     offset: int = 0,
 ) -> tuple[list[Experiment], int]:
+    """``archived``: None lists every experiment, False only live ones, True only archived ones."""
     query = select(Experiment)
+    if archived is not None:
+        query = query.where(Experiment.archived_at.is_not(None) if archived else Experiment.archived_at.is_(None))
     if status is not None:
         query = query.where(Experiment.status == status.value)
     if owner:
@@ -221,7 +234,7 @@ def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, b
         variants=_variants(data.variants),
     )
     session.add(exp)
-    session.flush()
+    _flush_new(session, f"experiment '{data.key}' already exists", field="key")
     record_audit(session, actor=actor, action="create", entity_type="experiment", entity_key=exp.key, before=None, after=_snapshot(exp))
     _bump_revision(session)
     return exp
@@ -241,8 +254,10 @@ def update_experiment(
 ) -> Experiment:
     exp = get_experiment(session, key)
     _check_version(exp, expected_version)
+    _refuse_if_archived(exp, "change")
     if exp.status == Status.stopped.value:
-        raise Conflict(f"experiment '{key}' is stopped; stopped experiments are read-only", field="status")
+        raise Conflict(f"experiment '{key}' is stopped; stopped experiments are read-only "
+                       "(create a new experiment to test again)", field="status")
     before = _snapshot(exp)
     fields = data.model_fields_set - {"new_phase"}
     if not fields:
@@ -315,8 +330,12 @@ def transition(
     exp = get_experiment(session, key)
     if expected_version is not None:
         _check_version(exp, expected_version)
+    _refuse_if_archived(exp, action)
     sources, target = TRANSITIONS[action]
     if Status(exp.status) not in sources:
+        if exp.status == Status.stopped.value:
+            raise Conflict(f"cannot {action} experiment '{key}': it is stopped, which is final; create a new "
+                           "experiment to test again, or archive this one", field="status")
         allowed = ", ".join(sorted(a for a, (src, _) in TRANSITIONS.items() if Status(exp.status) in src)) or "none"
         raise Conflict(f"cannot {action} experiment '{key}' while it is {exp.status} (allowed: {allowed})", field="status")
     before = _snapshot(exp)
@@ -342,6 +361,7 @@ def pause_variant(
     exp = get_experiment(session, key)
     if expected_version is not None:
         _check_version(exp, expected_version)
+    _refuse_if_finished(exp, "pause a variant of")
     target = next((v for v in exp.variants if v.key == variant), None)
     if target is None:
         raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
@@ -364,6 +384,7 @@ def resume_variant(session: Session, *, key: str, variant: str, actor: str, expe
     exp = get_experiment(session, key)
     if expected_version is not None:
         _check_version(exp, expected_version)
+    _refuse_if_finished(exp, "resume a variant of")
     target = next((v for v in exp.variants if v.key == variant), None)
     if target is None:
         raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
@@ -379,10 +400,90 @@ def resume_variant(session: Session, *, key: str, variant: str, actor: str, expe
     return exp
 
 
-def audit_log(session: Session, *, key: str | None = None, limit: int = 200) -> list[AuditRead]:
+def _refuse_if_archived(exp: Experiment, what: str) -> None:
+    if exp.archived_at is not None:
+        raise Conflict(f"cannot {what} experiment '{exp.key}': it is archived, so read-only; "
+                       f"unarchive it first (POST /v1/experiments/{exp.key}/unarchive)", field="archived")
+
+
+def _refuse_if_finished(exp: Experiment, what: str) -> None:
+    _refuse_if_archived(exp, what)
+    if exp.status == Status.stopped.value:
+        raise Conflict(f"cannot {what} experiment '{exp.key}': it is stopped, which is final, and its variants "
+                       "stay as they were; create a new experiment to test again", field="status")
+
+
+def archive_experiment(session: Session, *, key: str, actor: str, expected_version: int | None = None) -> Experiment:
+    """Retire a stopped (or never started) experiment: read-only, out of the SDK config and
+    of the default list, its results kept. Archiving an archived experiment changes nothing."""
+    exp = get_experiment(session, key)
+    if expected_version is not None:
+        _check_version(exp, expected_version)
+    if exp.archived_at is not None:
+        return exp
+    if exp.status in (Status.running.value, Status.paused.value):
+        raise Conflict(f"experiment '{key}' is {exp.status}; stop it first (POST /v1/experiments/{key}/stop), "
+                       "then archive it", field="status")
+    before = _snapshot(exp)
+    exp.archived_at = utcnow()
+    _flush_versioned(session, exp)
+    record_audit(session, actor=actor, action="archive", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
+    _bump_revision(session)
+    return exp
+
+
+def unarchive_experiment(session: Session, *, key: str, actor: str, expected_version: int | None = None) -> Experiment:
+    exp = get_experiment(session, key)
+    if expected_version is not None:
+        _check_version(exp, expected_version)
+    if exp.archived_at is None:
+        return exp
+    if exp.layer_id is not None and exp.status != Status.stopped.value:
+        _check_range_free(session, exp)
+    before = _snapshot(exp)
+    exp.archived_at = None
+    _flush_versioned(session, exp)
+    record_audit(session, actor=actor, action="unarchive", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
+    _bump_revision(session)
+    return exp
+
+
+def _check_range_free(session: Session, exp: Experiment) -> None:
+    """An archived draft gave its layer range back; it may return only if no one took it."""
+    overlapping = session.scalar(
+        select(Experiment.key).where(
+            Experiment.layer_id == exp.layer_id, Experiment.id != exp.id, Experiment.status != Status.stopped.value,
+            Experiment.archived_at.is_(None), Experiment.layer_lo < exp.layer_hi, Experiment.layer_hi > exp.layer_lo,
+        )
+    )
+    if overlapping is not None:
+        raise Conflict(f"experiment '{overlapping}' now holds part of this draft's layer range; "
+                       "create a new experiment instead", field="layer")
+
+
+def delete_experiment(session: Session, *, key: str, actor: str, expected_version: int | None = None) -> None:
+    """Delete an experiment that never ran (no results to keep); one that ran is archived instead."""
+    exp = get_experiment(session, key)
+    if expected_version is not None:
+        _check_version(exp, expected_version)
+    if exp.started_at is not None:
+        raise Conflict(f"experiment '{key}' ran (started {exp.started_at:%Y-%m-%d %H:%M} UTC), so its results are kept; "
+                       f"stop and archive it instead (POST /v1/experiments/{key}/archive)", field="status")
+    before = _snapshot(exp)
+    session.delete(exp)
+    _flush_versioned(session, exp)
+    record_audit(session, actor=actor, action="delete", entity_type="experiment", entity_key=key, before=before, after=None)
+    _bump_revision(session)
+
+
+def audit_log(
+    session: Session, *, key: str | None = None, entity_type: str | None = None, limit: int = 200
+) -> list[AuditRead]:
     query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
     if key is not None:
         query = query.where(AuditEntry.entity_key == key)
+    if entity_type is not None:
+        query = query.where(AuditEntry.entity_type == entity_type)
     return [AuditRead.model_validate(e, from_attributes=True) for e in session.scalars(query)]
 
 
@@ -394,7 +495,7 @@ def create_layer(session: Session, *, data: LayerCreate, actor: str) -> Layer:
         raise Conflict(f"layer '{data.key}' already exists", field="key")
     layer = Layer(key=data.key, name=data.name or data.key, salt=f"layer:{data.key}")
     session.add(layer)
-    session.flush()
+    _flush_new(session, f"layer '{data.key}' already exists", field="key")
     record_audit(session, actor=actor, action="create", entity_type="layer", entity_key=data.key, before=None, after=data.model_dump())
     _bump_revision(session)
     return layer
@@ -403,7 +504,7 @@ def create_layer(session: Session, *, data: LayerCreate, actor: str) -> Layer:
 def layer_read(session: Session, layer: Layer, bucket_space: int) -> LayerRead:
     rows = session.execute(
         select(Experiment.key, Experiment.layer_lo, Experiment.layer_hi)
-        .where(Experiment.layer_id == layer.id, Experiment.status != Status.stopped.value)
+        .where(Experiment.layer_id == layer.id, Experiment.status != Status.stopped.value, Experiment.archived_at.is_(None))
         .order_by(Experiment.layer_lo)
     ).all()
     used = sum(hi - lo for _, lo, hi in rows)
@@ -424,7 +525,7 @@ def create_holdout(session: Session, *, data: HoldoutCreate, actor: str) -> Hold
         raise Conflict(f"holdout '{data.key}' already exists", field="key")
     holdout = Holdout(key=data.key, name=data.name or data.key, salt=f"holdout:{data.key}", fraction=data.fraction)
     session.add(holdout)
-    session.flush()
+    _flush_new(session, f"holdout '{data.key}' already exists", field="key")
     record_audit(session, actor=actor, action="create", entity_type="holdout", entity_key=data.key, before=None, after=data.model_dump())
     _bump_revision(session)
     return holdout
@@ -440,7 +541,9 @@ def list_holdouts(session: Session) -> list[HoldoutRead]:
 def sdk_config(session: Session, *, bucket_space: int) -> dict[str, Any]:
     """Everything an SDK needs to assign locally; the input of :func:`config_from_payload`."""
     experiments = session.scalars(
-        select(Experiment).where(Experiment.status != Status.stopped.value).order_by(Experiment.key)
+        select(Experiment)
+        .where(Experiment.status != Status.stopped.value, Experiment.archived_at.is_(None))
+        .order_by(Experiment.key)
     ).all()
     return {
         "revision": registry_revision(session),

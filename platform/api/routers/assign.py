@@ -1,10 +1,14 @@
-"""Assignment over HTTP and the SDK's config feed. No database work on these hot paths.
+"""Assignment over HTTP and the SDK's config feed: the hot paths, one small DB read each.
 
 The two assignment routes are ``async`` with an ``async`` auth dependency: FastAPI runs
 every sync route and every sync dependency in a thread pool, one thread hop each, and on
 ``POST /v1/assign`` those hops cost more CPU than the assignment itself (measured in
 docs/benchmarks/control-plane.md). The token and assignment caches touch the database
-only on a miss / once per TTL, so the event loop rarely waits on it.
+only on a miss / once per TTL, so the event loop rarely waits on it; the token check's
+one-row revocation read is the exception (see ``state.TokenCache``).
+
+Nothing a caller sends runs unbounded here: attributes are bounded scalars, targeting
+regexes run on RE2 (linear time), and large batches run on a worker thread.
 """
 
 from __future__ import annotations
@@ -14,12 +18,15 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.concurrency import run_in_threadpool
 
 from ablab.platform.api.deps import Sdk, StateDep, _principal
+from ablab.platform.api.problems import responses
 from ablab.platform.api.state import AppState, Principal
 from ablab.platform.assignment import assign, assign_batch
+from ablab.platform.assignment.targeting import attributes_problem
 from ablab.platform.auth import allows
-from ablab.platform.errors import Forbidden
+from ablab.platform.errors import Forbidden, Invalid
 from ablab.platform.registry.schemas import Scope
 
 router = APIRouter(prefix="/v1", tags=["assignment"])
@@ -104,8 +111,23 @@ SdkAsync = Annotated[Principal, Depends(_sdk_principal)]
 
 # Routes return JSON text directly: the payload is built from trusted engine output, so
 # FastAPI's response validation would only cost time on the hottest path.
-@router.post("/assign", response_model=AssignResponse)
+def _check_attributes(attributes: dict[str, Any] | None, where: str) -> None:
+    """Bounded attributes (count, name and value length, scalars), so every targeting
+    rule's work per request is bounded too; refused with the attribute named."""
+    problem = attributes_problem(attributes)
+    if problem is not None:
+        name, why = problem
+        raise Invalid(why, field=f"{where}.{name}" if name else where)
+
+
+# A batch this large is assigned on a worker thread: at ~10 µs per unit, inline it would
+# hold the event loop (and every other request, /healthz included) for up to ~100 ms.
+INLINE_BATCH = 256
+
+
+@router.post("/assign", response_model=AssignResponse, responses=responses(Invalid))
 async def assign_unit(body: AssignRequest, request: Request, _: SdkAsync) -> Response:
+    _check_attributes(body.attributes, "attributes")
     state = _state(request)
     config = state.assignments.current().config
     found = assign(config, body.unit_id, body.attributes, body.experiments)
@@ -114,12 +136,17 @@ async def assign_unit(body: AssignRequest, request: Request, _: SdkAsync) -> Res
     return _json('{"assignments":[' + ",".join(_fragments.fragment(config, a) for a in found) + "]}")
 
 
-@router.post("/assign/batch", response_model=BatchResponse)
+@router.post("/assign/batch", response_model=BatchResponse, responses=responses(Invalid))
 async def assign_units(body: BatchRequest, request: Request, _: SdkAsync) -> Response:
+    for i, unit in enumerate(body.units):
+        _check_attributes(unit.attributes, f"units.{i}.attributes")
     config = _state(request).assignments.current().config
     ids = [u.unit_id for u in body.units]
     attrs = [u.attributes for u in body.units] if any(u.attributes for u in body.units) else None
-    results = assign_batch(config, ids, attrs, body.experiments)
+    if len(ids) <= INLINE_BATCH:
+        results = assign_batch(config, ids, attrs, body.experiments)
+    else:
+        results = await run_in_threadpool(assign_batch, config, ids, attrs, body.experiments)
     fragment = _fragments.fragment
     rows = ("[" + ",".join(fragment(config, a) for a in unit) + "]" for unit in results)
     return _json('{"results":[' + ",".join(rows) + "]}")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 
-from ablab.platform.api.deps import Editor, SessionDep, StateDep, Viewer, parse_if_match
+from ablab.platform.api.deps import Editor, Limit, Offset, SessionDep, StateDep, Viewer, parse_if_match
 from ablab.platform.api.problems import responses
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed, PreconditionRequired
 from ablab.platform.registry import service
@@ -41,10 +41,16 @@ def list_experiments(
     status_filter: Annotated[Status | None, Query(alias="status")] = None,
     owner: Annotated[str | None, Query(max_length=200)] = None,
     q: Annotated[str | None, Query(max_length=200, description="Search in key and name.")] = None,
-    limit: Annotated[int, Query(ge=1, le=500)] = 100,
-    offset: Annotated[int, Query(ge=0)] = 0,
+    archived: Annotated[
+        Literal["exclude", "include", "only"], Query(description="Archived experiments: left out (default), listed too, or only them.")
+    ] = "exclude",
+    limit: Limit = 100,
+    offset: Offset = 0,
 ) -> ExperimentPage:
-    items, total = service.list_experiments(session, status=status_filter, owner=owner, search=q, limit=limit, offset=offset)
+    which = {"exclude": False, "include": None, "only": True}[archived]
+    items, total = service.list_experiments(
+        session, status=status_filter, owner=owner, search=q, archived=which, limit=limit, offset=offset
+    )
     return ExperimentPage(items=[service.to_read(e) for e in items], total=total)
 
 
@@ -126,9 +132,49 @@ def resume_variant(
     return _versioned(response, exp)
 
 
+def _retire(action: str, fn):  # noqa: ANN001, ANN202 - a registry service function
+    def endpoint(
+        key: str,
+        session: SessionDep,
+        principal: Editor,
+        response: Response,
+        if_match: Annotated[str | None, Header()] = None,
+    ) -> ExperimentRead:
+        exp = fn(session, key=key, actor=principal.name, expected_version=_optional_version(if_match))
+        return _versioned(response, exp)
+
+    endpoint.__name__ = f"{action}_experiment"
+    return endpoint
+
+
+router.add_api_route(
+    "/{key}/archive", _retire("archive", service.archive_experiment), methods=["POST"],
+    responses=responses(NotFound, Conflict, PreconditionFailed),
+    summary="Archive a stopped or never-started experiment",
+    description="Read-only from then on, out of the SDK config and of the default list (`?archived=include` "
+                "shows it); results stay readable. Audited.",
+)
+router.add_api_route(
+    "/{key}/unarchive", _retire("unarchive", service.unarchive_experiment), methods=["POST"],
+    responses=responses(NotFound, Conflict, PreconditionFailed), summary="Bring an archived experiment back (audited)",
+)
+
+
+@router.delete("/{key}", status_code=status.HTTP_204_NO_CONTENT, responses=responses(NotFound, Conflict, PreconditionFailed))
+def delete_experiment(
+    key: str, session: SessionDep, principal: Editor, if_match: Annotated[str | None, Header()] = None
+) -> Response:
+    """Delete an experiment that never ran (409 for one that did: archive it). Audited."""
+    service.delete_experiment(session, key=key, actor=principal.name, expected_version=_optional_version(if_match))
+    return Response(status_code=status.HTTP_204_NO_CONTENT)
+
+
 @router.get("/{key}/audit", responses=responses(NotFound))
 def experiment_audit(
     key: str, session: SessionDep, _: Viewer, limit: Annotated[int, Query(ge=1, le=1000)] = 200
 ) -> list[AuditRead]:
-    service.get_experiment(session, key)
-    return service.audit_log(session, key=key, limit=limit)
+    """Who changed what, newest first; a deleted experiment's history stays readable."""
+    entries = service.audit_log(session, key=key, entity_type="experiment", limit=limit)
+    if not entries:
+        service.get_experiment(session, key)  # 404 for a key that never existed
+    return entries

@@ -42,7 +42,21 @@ def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def open_app(seeded_api: ApiServer) -> Callable[..., "AppTest"]:  # noqa: F821
+def dashboard_api(seeded_api: ApiServer, monkeypatch: pytest.MonkeyPatch) -> Iterator[ApiServer]:
+    """The in-process app (AppTest) started against the seeded API: ``ABLAB_API_URL`` is
+    the only API the dashboard may talk to."""
+    from ablab.platform.config import get_settings
+
+    monkeypatch.setenv("ABLAB_API_URL", seeded_api.base_url)
+    get_settings.cache_clear()
+    yield seeded_api
+    monkeypatch.undo()
+    get_settings.cache_clear()
+
+
+@pytest.fixture
+def open_app(dashboard_api: ApiServer) -> Callable[..., "AppTest"]:  # noqa: F821
+    seeded_api = dashboard_api
     """An AppTest of the real app file, signed in with a token of ``scope``, on ``page``."""
     from streamlit.testing.v1 import AppTest
 

@@ -24,14 +24,14 @@ def _texts(elements) -> str:
     return " ".join(str(e.value) for e in elements)
 
 
-def test_login_with_a_token_finds_its_scope(seeded_api):
+def test_login_with_a_token_finds_its_scope(dashboard_api):
     from streamlit.testing.v1 import AppTest
 
+    seeded_api = dashboard_api
     at = AppTest.from_file(APP, default_timeout=180)
-    at.session_state["api_url"] = seeded_api.base_url
     at.run()
     assert at.title[0].value == "ablab"
-    at.text_input(key="login_url").input(seeded_api.base_url)
+    assert not [w for w in at.text_input if w.key == "login_url"]  # the API is the configured one, not typed
     at.text_input(key="login_token").input("not-a-real-token")
     at.button(key="login_submit").click().run()
     assert "Sign-in failed" in _texts(at.error)
@@ -42,6 +42,7 @@ def test_login_with_a_token_finds_its_scope(seeded_api):
     at.text_input(key="login_token").input(seeded_api.tokens["viewer"])
     at.button(key="login_submit").click().run()
     assert at.session_state["scope"] == "viewer"
+    assert at.session_state["api_url"] == seeded_api.base_url
     assert at.title[0].value == "Experiments"
 
 

@@ -20,7 +20,7 @@ from ablab_testing import fresh_postgres_database, start_api, stop_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
-REGISTRY_TABLES = {"experiments", "variants", "layers", "holdouts", "api_keys", "audit_log", "registry_revision", "strategy_factors"}
+REGISTRY_TABLES = {"experiments", "variants", "layers", "holdouts", "api_keys", "audit_log", "registry_revision", "strategy_factors", "auth_revision"}
 WRITERS = 8
 
 

@@ -194,7 +194,7 @@ def poisson_trace(bundle: Bundle, *, rate: float, duration_s: float, seed: int, 
 
 
 def request_metrics(r: GenRequest) -> tuple[float, float | None, float]:
-    """(TTFT ms, TPOT ms or None, e2e ms) as DESIGN.md defines them; output tokens are the
+    """(TTFT ms, TPOT ms or None, e2e ms) as docs/architecture.md defines them; output tokens are the
     engine's `tokens` (a stopping EOS is not counted, as in the worker's `tpot_ms`)."""
     tpot = (r.e2e_s - r.ttft_s) * 1000 / (len(r.tokens) - 1) if len(r.tokens) > 1 else None
     return r.ttft_s * 1000, tpot, r.e2e_s * 1000

@@ -1,7 +1,7 @@
 """The engine loop: schedule → execute → update, on one thread per runtime configuration.
 
 Requests are submitted from any thread and complete through a :class:`GenRequest`'s
-event. Timing uses ``perf_counter`` exactly as DESIGN.md defines the metrics: TTFT is
+event. Timing uses ``perf_counter`` exactly as docs/architecture.md defines the metrics: TTFT is
 submission → first generated token, E2E is submission → last token. Device-seconds are
 attributed per step by tokens processed: a step carrying b decode tokens and a 13-token
 prompt chunk gives each decoding sequence 1/(b+13) of it and the prompt 13/(b+13).

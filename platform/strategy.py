@@ -39,7 +39,7 @@ class _Frozen(BaseModel):
 
 class CompressionMethod(StrEnum):
     none = "none"
-    entropy = "entropy"  # token-entropy pruning (DESIGN.md, prompt side)
+    entropy = "entropy"  # token-entropy pruning of the prompt
 
 
 class Precision(StrEnum):

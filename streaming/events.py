@@ -1,6 +1,6 @@
 """Event schemas: the one definition of what producers may put on the bus.
 
-Five event types (CONTRACTS.md, "Events"), one pydantic model each, joined in a
+Five event types (docs/contracts.md, "Events"), one pydantic model each, joined in a
 discriminated union on ``type``. Every event carries the schema version ``v``, its event
 time ``ts`` (ISO-8601 with an explicit offset, normalised to UTC), a ``trace_id`` that
 joins worker-side, client-side, label and billing records of one request, and an
@@ -255,7 +255,7 @@ class ExposureEvent(_Assigned):
 
 
 class InferenceEvent(_Assigned):
-    """Worker-side measurement of one request (metric definitions: DESIGN.md)."""
+    """Worker-side measurement of one request (metric definitions: docs/architecture.md)."""
 
     type: Literal["inference"]
     ttft_ms: Annotated[float, bounded("ttft_ms")]

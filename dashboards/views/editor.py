@@ -15,7 +15,7 @@ import streamlit as st
 
 from ablab.dashboards import forms
 from ablab.dashboards.client import ApiError
-from ablab.dashboards.format import STATUS_BADGES, fmt_pct, metric_label
+from ablab.dashboards.format import STATUS_BADGES, fmt_pct, md_escape, metric_label
 from ablab.dashboards.views.common import Context, call, field_error, goto
 from ablab.platform.assignment.targeting import Op
 from ablab.platform.stats.metrics import METRICS
@@ -258,7 +258,7 @@ def render_new(ctx: Context) -> None:
     factors_panel(ctx, listed)
     errors = st.session_state.get(f"{prefix}_errors", {})
     if errors.get("form"):
-        st.error(errors["form"], icon="⚠️")
+        st.error(md_escape(errors["form"]), icon="⚠️")
     body = _form(ctx, prefix, None, errors, catalog, creating=True)
     if st.button("Create experiment", type="primary", key="new_submit"):
         found = forms.validate_create(body, catalog)
@@ -327,7 +327,7 @@ def _conflict_message(exc: ApiError) -> str:
     if exc.status == 412:
         return ("Someone else changed this experiment after you opened it, so nothing was saved. "
                 "Click **Reload latest** to see their change, then make yours again.")
-    return f"{exc.detail}" + (f" (field `{exc.field}`)" if exc.field else "")
+    return md_escape(exc.detail) + (f" (field `{md_escape(exc.field)}`)" if exc.field else "")
 
 
 def _audit(ctx: Context, key: str) -> None:
@@ -351,9 +351,10 @@ def render_edit(ctx: Context, key: str | None) -> None:
         return
     snapshot = st.session_state.setdefault(f"loaded_{key}", latest)
     version = snapshot["version"]
-    st.title(latest["name"])
+    st.title(md_escape(latest["name"]))
     st.caption(f"`{latest['key']}` · {STATUS_BADGES.get(latest['status'], latest['status'])} · version {latest['version']} · "
-               f"phase {latest['phase']} · owner {latest.get('owner') or '—'} · traffic {fmt_pct(latest['traffic'], digits=0)}")
+               f"phase {latest['phase']} · owner {md_escape(latest.get('owner') or '—')} · "
+               f"traffic {fmt_pct(latest['traffic'], digits=0)}")
     for flash, show in (("flash", st.success), ("flash_error", st.error)):
         if st.session_state.get(flash):
             show(st.session_state.pop(flash))
@@ -397,7 +398,7 @@ def render_edit(ctx: Context, key: str | None) -> None:
             st.session_state[f"{prefix}_errors"] = found
             st.rerun()
         if errors.get("form"):
-            st.error(errors["form"], icon="⚠️")
+            st.error(md_escape(errors["form"]), icon="⚠️")
     _audit(ctx, key)
 
 

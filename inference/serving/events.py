@@ -1,4 +1,4 @@
-"""Event dicts in the CONTRACTS.md shape, and where they go.
+"""Event dicts in the docs/contracts.md shape, and where they go.
 
 Sinks share one interface, ``emit(event: dict)``: :class:`ListSink` (tests) and the
 SDK's :class:`HttpEventSink` (batches to ``POST /v1/events`` off the request path).

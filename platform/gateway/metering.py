@@ -1,4 +1,4 @@
-"""Measurements → the ``inference`` event (DESIGN.md's metric definitions), and its cost.
+"""Measurements → the ``inference`` event (docs/architecture.md's metric definitions), and its cost.
 
 Cost, in order: the backend's per-token ``price`` setting; the versioned per-model token
 price table (``assets/token_prices.json``); for a backend priced by ``device`` (self-hosted),

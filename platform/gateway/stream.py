@@ -1,7 +1,7 @@
 """The stream meter: a pure function over the backend's SSE bytes and their arrival times.
 
 ``feed(data, now)`` returns the bytes to forward (the backend's own; a usage-only chunk is
-dropped when the caller did not ask for usage) and records, per DESIGN.md:
+dropped when the caller did not ask for usage) and records, per docs/architecture.md:
 TTFT = first chunk with non-empty content, reasoning or tool-call delta (role-only chunks
 do not count); ITL = gaps between such chunks; the usage object; backend metrics. It does
 no I/O and reads no clock, so every case is tested without a network.

@@ -2,7 +2,7 @@
 
 ``track`` assigns the unit, times the first token and the end, counts tokens and emits the
 ``exposure`` and ``inference`` events through the client's sink, with the same metric
-definitions as the gateway (DESIGN.md)::
+definitions as the gateway (docs/architecture.md)::
 
     with track(ablab, unit_id="user-42") as call:        # or: async with track(...)
         model = call.strategy.get("model", "default-model")

@@ -1,4 +1,4 @@
-"""The metric catalogue: names as in CONTRACTS.md and the per-unit columns behind them.
+"""The metric catalogue: names as in docs/contracts.md and the per-unit columns behind them.
 
 Per-unit aggregates (one row per variant × randomization unit, what
 ``GROUP BY experiment, variant, unit_id`` returns) carry these columns:

@@ -93,5 +93,6 @@ def test_no_input_makes_the_server_fail(api_server, api_schema, mode: Generation
     assert all(n > 0 for n in calls.values()), calls
     # The ingestion routes' generated bodies reached event validation, not only auth or parsing.
     metrics = httpx.get(f"{api_server.base_url}/metrics", timeout=30).text
-    validated = [line for line in metrics.splitlines() if line.startswith(("ablab_ingest_events_rejected ", "ablab_ingest_events_accepted "))]
+    validated = [line for line in metrics.splitlines() if line.startswith("ablab_ingest_events_total{")
+                 and ('outcome="accepted"' in line or 'outcome="rejected"' in line)]
     assert sum(float(line.split()[-1]) for line in validated) > 0, validated

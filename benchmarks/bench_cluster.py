@@ -80,7 +80,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ablab.streaming.flink import cluster as flink_cluster
-    from ablab.streaming.flink.cluster_drill import free_port_block
+    from ablab.streaming.localhost import server_ports
     from ablab.streaming.flink.harness import PipelineTopics
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
@@ -91,9 +91,9 @@ def main() -> None:
         from ablab.streaming.kafka.broker import BrokerConfig, start_broker
 
         broker_dir = workdir / "kafka"
-        config = BrokerConfig(directory=broker_dir, port=free_port_block(2), heap_mb=512)
+        config = BrokerConfig(directory=broker_dir, port=server_ports(2), heap_mb=512)
         bootstrap = start_broker(config=config, topics=()).bootstrap or config.bootstrap
-    port = free_port_block(2)
+    port = server_ports(2)
     flink = flink_cluster.FlinkClusterConfig(directory=workdir / "flink", taskmanagers=args.taskmanagers,
                                              rest_port=port, rpc_port=port + 1)
     try:

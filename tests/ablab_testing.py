@@ -6,7 +6,6 @@ Imported by ``tests/conftest.py`` and by tests (``from ablab_testing import star
 from __future__ import annotations
 
 import os
-import random
 import socket
 import subprocess
 import sys
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from ablab.streaming.localhost import server_ports  # noqa: F401 - tests import it from here
 
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 
@@ -25,28 +25,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def server_ports(count: int = 1) -> int:
-    """The first of `count` consecutive free ports below the kernel's ephemeral range, for a
-    server that starts a while later. A ``bind(0)`` port is ephemeral: an outgoing connection
-    made in the meantime (a DB migration, an HTTP client) can take it first, and the server
-    then fails with "Address already in use" (seen once in CI: `ablab up`'s Kafka controller)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        first = rng.randrange(20_000, low - count)
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError(f"no {count} consecutive free ports in 20000..{low}")
 
 
 def closed_port() -> int:

@@ -27,7 +27,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -37,6 +36,7 @@ from pathlib import Path
 from ablab.streaming.flink import rest
 from ablab.streaming.flink.job import JobConfig
 from ablab.streaming.flink.local import job_arguments
+from ablab.streaming.localhost import kill_pid, pid_alive, stop_pids
 
 JOB_MODULE = "ablab.streaming.flink.job"
 _JM_CLASS = b"org.apache.flink.runtime.entrypoint.StandaloneSessionClusterEntrypoint"
@@ -269,16 +269,7 @@ def stop_cluster(*, directory: Path, timeout_s: float = 30.0) -> int:
     """SIGTERM every JVM of the cluster, SIGKILL what is left after ``timeout_s``; how many ran."""
     roles = [path.stem for path in sorted(directory.glob("*.pid"))]
     pids = [(role, pid) for role in roles if (pid := _pid(directory, role)) is not None]
-    for _, pid in pids:
-        _signal(pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for role, pid in pids:
-        while _alive(pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(pid):
-            _signal(pid, signal.SIGKILL)
-            while _alive(pid):
-                time.sleep(0.05)
+    stop_pids([pid for _, pid in pids], timeout_s=timeout_s)
     for role in roles:
         (directory / f"{role}.pid").unlink(missing_ok=True)
     return len(pids)
@@ -289,9 +280,7 @@ def kill_taskmanager(*, directory: Path, index: int) -> bool:
     pid = _pid(directory, f"taskmanager-{index}")
     if pid is None:
         return False
-    _signal(pid, signal.SIGKILL)
-    while _alive(pid):
-        time.sleep(0.05)
+    kill_pid(pid)
     (directory / f"taskmanager-{index}.pid").unlink(missing_ok=True)
     return True
 
@@ -372,7 +361,7 @@ def _pid(directory: Path, role: str) -> int | None:
         pid = int((directory / f"{role}.pid").read_text().split()[0])
     except (FileNotFoundError, ValueError, IndexError):
         return None
-    return pid if _alive(pid) and _is_ours(pid, directory, role) else None
+    return pid if pid_alive(pid) and _is_ours(pid, directory, role) else None
 
 
 def _is_ours(pid: int, directory: Path, role: str) -> bool:
@@ -390,25 +379,8 @@ def _is_ours(pid: int, directory: Path, role: str) -> bool:
     return main in cmdline and any(part.rstrip(b"/") == conf for part in cmdline)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)  # our own child that exited: a zombie, dead
-        return waited == 0
-    except ChildProcessError:
-        return True
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _port_open(host: str, port: int) -> bool:

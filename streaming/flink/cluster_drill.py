@@ -13,9 +13,6 @@ from the JobManager's REST API, rows in the store. Used by
 
 from __future__ import annotations
 
-import os
-import random
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +26,7 @@ from ablab.streaming.flink import reference as ref
 from ablab.streaming.flink import rest
 from ablab.streaming.flink.harness import PipelineTopics, RawProducer, job_config, wait_for
 from ablab.streaming.kafka import broker
+from ablab.streaming.localhost import server_ports
 
 EXPERIMENT = "drill"
 OUT_OF_ORDERNESS_MS = 2000
@@ -67,26 +65,6 @@ def _equal(name: str, actual: Any, expected: Any) -> bool:
     return actual == expected  # counts and sums: exactly
 
 
-def free_port_block(count: int) -> int:
-    """First of ``count`` consecutive free ports below the ephemeral range (servers that
-    bind later must not lose theirs to an outgoing connection in the meantime)."""
-    try:
-        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
-    rng = random.Random(os.getpid() ^ time.monotonic_ns())
-    for _ in range(200):
-        first = rng.randrange(20_000, low - count)
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError(f"no {count} consecutive free ports")
-
-
 def _ms(moment: datetime) -> int:
     return int((moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp() * 1000)
 
@@ -111,9 +89,9 @@ def run_drill(*, workdir: Path, windows: int = 6, per_window: int = 40, brokers:
         timings[name] = round(time.monotonic() - began, 1)
         say(f"{timings[name]:7.1f}s  {name}")
 
-    kafka = broker.ClusterConfig(directory=workdir / "kafka", brokers=brokers, port=free_port_block(2 * brokers),
+    kafka = broker.ClusterConfig(directory=workdir / "kafka", brokers=brokers, port=server_ports(2 * brokers),
                                  heap_mb=320)
-    ports = free_port_block(2)
+    ports = server_ports(2)
     flink = flink_cluster.FlinkClusterConfig(directory=workdir / "flink", taskmanagers=taskmanagers,
                                              rest_port=ports, rpc_port=ports + 1)
     store = make_client(f"chdb:///{workdir / 'chdb'}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import base64
 import json
 import os
-import signal
 import socket
 import string
 import subprocess
@@ -36,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from ablab.streaming.localhost import kill_pid, pid_alive, stop_pids
 from ablab.streaming.kafka import jars
 from ablab.streaming.kafka.topics import TOPICS, TopicSpec, create_topics
 
@@ -155,14 +155,7 @@ def stop_broker(*, directory: Path, timeout_s: float = 30.0) -> bool:
     if not status.running or status.pid is None:
         pidfile.unlink(missing_ok=True)
         return False
-    _signal(status.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    while _alive(status.pid) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if _alive(status.pid):
-        _signal(status.pid, signal.SIGKILL)
-        while _alive(status.pid):
-            time.sleep(0.05)
+    stop_pids([status.pid], timeout_s=timeout_s)
     pidfile.unlink(missing_ok=True)
     return True
 
@@ -172,9 +165,7 @@ def kill_broker(*, directory: Path) -> bool:
     status = broker_status(directory=directory)
     if not status.running or status.pid is None:
         return False
-    _signal(status.pid, signal.SIGKILL)
-    while _alive(status.pid):
-        time.sleep(0.05)
+    kill_pid(status.pid)
     (directory / "broker.pid").unlink(missing_ok=True)
     return True
 
@@ -186,7 +177,7 @@ def broker_status(*, directory: Path) -> BrokerStatus:
         pid = int(pid_text)
     except (FileNotFoundError, ValueError):
         return BrokerStatus(False, None, None, directory)
-    running = _alive(pid) and _is_our_broker(pid, directory)
+    running = pid_alive(pid) and _is_our_broker(pid, directory)
     return BrokerStatus(running, pid if running else None, bootstrap if running else None, directory)
 
 
@@ -320,16 +311,8 @@ def stop_cluster(*, directory: Path, timeout_s: float = 30.0) -> int:
     and the last ones cannot finish a controlled shutdown without a quorum anyway."""
     status = cluster_status(directory=directory)
     running = [node for node in status.nodes if node.running and node.pid is not None]
+    stop_pids([node.pid for node in running], timeout_s=timeout_s)
     for node in running:
-        _signal(node.pid, signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for node in running:
-        while _alive(node.pid) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if _alive(node.pid):
-            _signal(node.pid, signal.SIGKILL)
-            while _alive(node.pid):
-                time.sleep(0.05)
         (node.directory / "broker.pid").unlink(missing_ok=True)
     return len(running)
 
@@ -420,19 +403,6 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise BrokerError("no free pair of ports found")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # A zombie child (we started it in this process) counts as dead.
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        return waited == 0
-    except ChildProcessError:
-        return True
 
 
 def _is_our_broker(pid: int, directory: Path) -> bool:
@@ -445,8 +415,3 @@ def _is_our_broker(pid: int, directory: Path) -> bool:
     return MAIN_CLASS.encode() in cmdline and cwd.resolve() == directory.resolve()
 
 
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

@@ -48,6 +48,7 @@ from pydantic import (
     BeforeValidator,
     ConfigDict,
     Field,
+    StringConstraints,
     TypeAdapter,
     ValidationError,
     field_validator,
@@ -102,6 +103,14 @@ FIELD_BOUNDS: Mapping[str, Bound] = MappingProxyType({
 
 TS_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC))
 """Event times any validation accepts, clock-free (ClickHouse DateTime64 holds 1900-2299)."""
+
+
+MeasureName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+"""Name of a custom measure or dimension: lower snake case, so it is a column name anywhere."""
+MAX_MEASURES = 32
+MAX_DIMS = 16
+MEASURE_BOUND = Bound(-1e12, 1e12, "", "a custom measurement is a bounded number")
+MeasureValue = Annotated[float, Field(ge=MEASURE_BOUND.lo, le=MEASURE_BOUND.hi, allow_inf_nan=False)]
 
 
 def bounded(name: str) -> Any:
@@ -270,6 +279,15 @@ class InferenceEvent(_Assigned):
         default=None, description="Error code when the request failed; null on success."
     )
     strategy: Identifier = Field(description="Content hash (or name) of the strategy that served the request.")
+    measures: dict[MeasureName, MeasureValue] | None = Field(
+        default=None, max_length=MAX_MEASURES,
+        description="Any other numeric measurement of the request (tool calls, ITL, a backend's own "
+                    "timings), by name; stored with the event.",
+    )
+    dims: dict[MeasureName, Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None, max_length=MAX_DIMS,
+        description="Segment dimensions of the request (task domain, prompt-length bucket), by name.",
+    )
 
     @model_validator(mode="after")
     def _coherent_latencies(self) -> "InferenceEvent":

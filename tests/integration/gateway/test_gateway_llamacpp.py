@@ -111,6 +111,10 @@ def test_gateway_in_front_of_llama_cpp(stack) -> None:
         if seen["prompt"] is not None:
             assert ev["prompt_tokens"] == seen["prompt"]
         assert ev["device_s"] > 0 and ev["price_version"] in ("2026-01", "2026-07")
+        # llama.cpp streams carry no usage: their tokens are counted and marked estimated
+        assert ev["measures"]["tokens_estimated"] == (1.0 if seen["prompt"] is None else 0.0)
+        if seen["prompt"] is None and seen["out"] > 1:
+            assert ev["measures"]["itl_ms_mean"] >= 0.0
 
     # Feedback by the returned trace ids: b's answers labelled correct, a's not.
     labels = [{"trace_id": t, "correct": int(s["variant"] == "b"), "source": "judge"} for t, s in expected.items()]

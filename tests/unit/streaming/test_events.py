@@ -307,3 +307,27 @@ def test_a_deep_mapping_is_refused_before_validation() -> None:
         nested = [nested]
     rejection = validate_event({"type": "rum", "ts": TS, "trace_id": "t", "e2e_ms": 1, "x": nested})
     assert rejection == Rejection("$", rejection.message) and "nested" in rejection.message
+
+
+def test_custom_measures_and_dims_ride_on_the_inference_event() -> None:
+    event = validate_event(inference(measures={"tool_calls": 2, "itl_ms_mean": 1.5}, dims={"domain": "math"}))
+    assert isinstance(event, InferenceEvent)
+    assert event.measures == {"tool_calls": 2.0, "itl_ms_mean": 1.5} and event.dims == {"domain": "math"}
+    assert validate_event(event.to_json_bytes()) == event
+    assert validate_event(inference()).measures is None  # optional: older producers are unchanged
+
+
+@pytest.mark.parametrize(("overrides", "field", "fragment"), [
+    ({"measures": {"Tool Calls": 1}}, "measures.Tool Calls", "pattern"),
+    ({"measures": {"x": float("nan")}}, "measures.x", "finite"),
+    ({"measures": {"x": 1e300}}, "measures.x", "less than or equal"),
+    ({"measures": {"x": "1"}}, "measures.x", "valid number"),
+    ({"measures": {f"m{i}": 1 for i in range(33)}}, "measures", "at most 32"),
+    ({"dims": {"domain": ""}}, "dims.domain", "at least 1"),
+    ({"dims": {"domain": "x" * 129}}, "dims.domain", "at most 128"),
+    ({"dims": {f"d{i}": "v" for i in range(17)}}, "dims", "at most 16"),
+])
+def test_measures_and_dims_are_bounded(overrides, field: str, fragment: str) -> None:
+    rejection = validate_event(inference(**overrides))
+    assert isinstance(rejection, Rejection)
+    assert rejection.field.startswith(field) and fragment in rejection.message

@@ -128,14 +128,19 @@ def window_rows(inference: pd.DataFrame, *, emitted_at: datetime) -> list[tuple[
 
 
 def seed_store(*, home: Path, experiment: str, n_requests: int = 20_000, n_units: int = 2_000, seed: int = 7,
-               duration_s: float = 600.0, variants: Mapping[str, VariantEffect] = FACTORIAL_VARIANTS) -> dict[str, int]:
-    """Write raw events and window rows for ``experiment`` into the chDB store under ``home``."""
+               duration_s: float = 600.0, variants: Mapping[str, VariantEffect] = FACTORIAL_VARIANTS,
+               begin_in_s: float = 0.0) -> dict[str, int]:
+    """Write raw events and window rows for ``experiment`` into the chDB store under ``home``.
+
+    Events span ``duration_s`` ending now, or, with ``begin_in_s`` > 0, starting that many
+    seconds from now: results count only events after the experiment's start, so an
+    experiment started after seeding needs its traffic ahead of it."""
     from ablab.streaming.events import Rejection, validate_event
     from ablab.streaming.loader.rows import RAW_COLUMNS, raw_event_row
     from ablab.streaming.store import apply_ddl, make_client
 
     now = datetime.now(UTC).replace(microsecond=0)
-    start = now - timedelta(seconds=duration_s)
+    start = now + timedelta(seconds=begin_in_s) if begin_in_s > 0 else now - timedelta(seconds=duration_s)
     events = synthetic_events(n_requests=n_requests, n_units=n_units, variants=variants, experiment=experiment,
                               seed=seed, start=start.isoformat(), duration_s=duration_s)
     client = make_client(f"chdb:///{(home / 'chdb').resolve()}")
@@ -164,9 +169,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--units", type=int, default=2_000)
     parser.add_argument("--design", choices=sorted(DESIGNS), default="factorial", help="which variants the events come from")
+    parser.add_argument("--begin-in-s", type=float, default=0.0, help="events start this far ahead (default: end now)")
     args = parser.parse_args(argv)
     print(json.dumps(seed_store(home=args.home, experiment=args.experiment, n_requests=args.requests, n_units=args.units,
-                                variants=DESIGNS[args.design])))
+                                variants=DESIGNS[args.design], begin_in_s=args.begin_in_s)))
 
 
 if __name__ == "__main__":

@@ -66,7 +66,9 @@ def synthetic_events(
     ts = t0 + pd.to_timedelta(offsets, unit="s")
 
     inference = _requests(rng, req_unit, user_speed, eff, req_variant, n_requests)
-    trace = np.char.add("t", np.arange(n_requests).astype(str))
+    # trace ids are an inference event's identity: unique per experiment, so two seeded
+    # experiments in one store never collapse into each other
+    trace = np.char.add(f"{experiment}-t", np.arange(n_requests).astype(str))
     units_str = np.char.add("u", np.arange(n_units).astype(str))
     inference.update(
         type="inference", trace_id=trace, experiment=experiment,
@@ -96,7 +98,7 @@ def synthetic_events(
         base["accuracy"] = eff["accuracy"][:1]
         pre = _requests(rng, pre_unit, user_speed, base, ones, pre_period_requests)
         pre.update(
-            type="inference", trace_id=np.char.add("p", np.arange(pre_period_requests).astype(str)),
+            type="inference", trace_id=np.char.add(f"{experiment}-p", np.arange(pre_period_requests).astype(str)),
             experiment=experiment, variant=None, unit_id=units_str[pre_unit],
             ts=t0 - pd.to_timedelta(rng.uniform(1, 7 * 86400, pre_period_requests), unit="s"),
         )

@@ -31,7 +31,8 @@ FORM_KEY = "int8-rollout"
 
 def _seed(home: Path, key: str, design: str, requests: int, units: int) -> None:
     subprocess.run([sys.executable, "-m", "ablab.dashboards.testing", "--home", str(home), "--experiment", key,
-                    "--design", design, "--requests", str(requests), "--units", str(units)],
+                    "--design", design, "--requests", str(requests), "--units", str(units),
+                    "--begin-in-s", "600"],  # results count events after the start, which comes later
                    check=True, capture_output=True, text=True, timeout=300)
 
 
@@ -124,7 +125,7 @@ def test_sign_in_create_start_and_read_results(stack, page):
     expect(pg.get_by_role("heading", name="New experiment")).to_be_visible()
     pg.get_by_label("Key", exact=True).fill(FORM_KEY)
     pg.keyboard.press("Tab")
-    pg.get_by_label("Name", exact=True).fill("INT8 rollout")
+    pg.get_by_placeholder("What is being tried").fill("INT8 rollout")  # the factors panel has a "Name" too
     pg.keyboard.press("Tab")
     pg.get_by_label("Variant 2 key").fill("int8")
     pg.keyboard.press("Tab")

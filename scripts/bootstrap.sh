@@ -2,7 +2,7 @@
 # Idempotent set-up of the project's Python environment at .venv/.
 #
 # Third-party packages (torch alone is several GB) live in a venv cached under
-# ~/.cache/ablab, keyed by a hash of requirements.lock and the Python version; the
+# ~/.cache/ablab, keyed by a hash of the lock files and the Python version; the
 # checkout's own .venv is a thin venv that sees those packages through a .pth file and
 # holds only the editable install of ablab. A new clone therefore costs seconds.
 set -euo pipefail
@@ -16,7 +16,7 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 }
 
 CACHE_ROOT=${ABLAB_CACHE:-$HOME/.cache/ablab}
-key=$( (cat requirements.lock; "$PYTHON" --version) | sha256sum | cut -c1-16)
+key=$( (cat requirements.lock requirements-nodeps.lock; "$PYTHON" --version) | sha256sum | cut -c1-16)
 deps="$CACHE_ROOT/deps-$key"
 
 if [ ! -f "$deps/.complete" ]; then
@@ -26,6 +26,7 @@ if [ ! -f "$deps/.complete" ]; then
   "$PYTHON" -m venv "$deps"
   "$deps/bin/pip" install --quiet --upgrade pip setuptools wheel
   "$deps/bin/pip" install --quiet -r requirements.lock
+  "$deps/bin/pip" install --quiet --no-deps -r requirements-nodeps.lock
   touch "$deps/.complete"
 fi
 

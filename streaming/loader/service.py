@@ -26,6 +26,16 @@ polled meanwhile, and ``LoaderStats.consecutive_failures`` makes ``/readyz`` fai
 chDB allows one process per data directory, so in embedded mode the API process runs
 ``Loader(client, bootstrap).run(stop_event)`` in a background thread; ``ablab loader`` runs
 it as its own process against a ClickHouse server.
+
+Several loaders in one consumer group give exactly the result of one. Every event topic is
+keyed by ``trace_id`` with the same partition count, and the group uses the range assignor,
+which hands a member the same partition numbers of every topic: a trace's request, labels,
+RUM and bill are read by one loader, in order, so a label is placed at its unit by the loader
+that also loads (or has loaded) its request. A rebalance moves a partition number of every
+topic at once; what the old owner had not committed is replayed by the new one, and every
+write is idempotent. Units are shared between loaders (one unit's traces hash to several
+partitions): each recompute rewrites the unit's whole row from the stored events, and the
+newest computation, which started last and so saw the most, wins.
 """
 
 from __future__ import annotations
@@ -36,6 +46,7 @@ import time
 from collections import Counter, defaultdict
 from datetime import UTC, datetime
 from collections.abc import Callable, Collection, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +152,7 @@ class Loader:
         rollup: bool = True,
         max_future_s: float = DEFAULT_MAX_FUTURE_S,
         retry_max_s: float = 30.0,
+        batch_lock: AbstractContextManager[Any] | None = None,
     ) -> None:
         self.client = client
         self.bootstrap = bootstrap
@@ -165,11 +177,16 @@ class Loader:
         self._pending_count = 0
         self._consumer: Any = None
         self._producer: Any = None
+        # Serializes this loader's batches with results reads in the same process (embedded
+        # mode); loaders in other processes share nothing but the store.
+        self._batch_lock = batch_lock
+        self._checked_partitions = False
 
     # --- lifecycle -------------------------------------------------------------------
 
     def _connect(self) -> None:
         from kafka import KafkaConsumer, KafkaProducer
+        from kafka.coordinator.assignors.range import RangePartitionAssignor
 
         consumer = KafkaConsumer(
             *self.topics,
@@ -188,6 +205,8 @@ class Loader:
             # empty assignment ("No partition metadata") and, with the 5-minute default,
             # would not look again for minutes: refresh metadata every few seconds.
             metadata_max_age_ms=5_000,
+            # the same partition numbers of every topic to one member (see the module docstring)
+            partition_assignment_strategy=(RangePartitionAssignor,),
         )
         try:
             producer = KafkaProducer(bootstrap_servers=self.bootstrap, client_id=f"{self.group_id}-deadletter",
@@ -223,6 +242,7 @@ class Loader:
                 if never_assigned:
                     if self._consumer.assignment():
                         never_assigned = False
+                        self._check_partition_counts()
                     elif now >= rejoin_at:
                         self._rejoin()
                         rejoin_wait = min(2 * rejoin_wait, _REJOIN_MAX_S)
@@ -312,7 +332,7 @@ class Loader:
 
         refused: list[_DeadLetter] = []  # this attempt's only: a retried batch must not add them twice
         try:
-            with rollup.batch_lock:  # a results read in this process sees whole batches only
+            with self._batch_lock or rollup.batch_lock:  # a results read in this process sees whole batches only
                 for table, rows in self._pending.items():
                     if rows:
                         self._store(table, rows, self._origins[table], refused)
@@ -374,6 +394,17 @@ class Loader:
             )
         message = f"{table}: {type(error).__name__}: {' '.join(str(error).split())[:400]}"
         return _DeadLetter(origin.topic, origin.partition, origin.offset, Rejection("$store", message), origin.raw)
+
+    def _check_partition_counts(self) -> None:
+        """Warn once when the event topics' partition counts differ: a trace's events could
+        then reach different loaders of the group, and a label could miss its unit."""
+        if self._checked_partitions:
+            return
+        self._checked_partitions = True
+        counts = {t: len(self._consumer.partitions_for_topic(t) or ()) for t in self.topics if t != self.windows_topic}
+        if len(set(counts.values())) > 1:
+            log.warning("loader: event topics have different partition counts %s; run one loader per group, "
+                        "or give every event topic the same count (ablab kafka topics)", counts)
 
     def _commit(self) -> None:
         self._consumer.commit()  # commits every assigned partition's consumed position

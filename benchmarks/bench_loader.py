@@ -1,6 +1,7 @@
 """The loader alone: Kafka (read_committed) → validate → chDB raw insert (+ per-unit rollup).
 
     .venv/bin/python benchmarks/bench_loader.py --requests 100000 --variants rollup,no-rollup,poll-only
+    .venv/bin/python benchmarks/bench_loader.py --variants rollup --loaders 1,2
 
 Pre-fills fresh topics with ``--requests`` requests' events (inference and RUM for each, a
 label for ``--label-rate`` of them, i.e. ~2.5 events per request), then drains them with
@@ -11,6 +12,10 @@ so the variants read the same records in one run on one machine:
 - ``no-rollup``: raw insert only (what an external ClickHouse deployment without the
   rollup would do);
 - ``poll-only``: consume and validate, insert nothing (the Kafka + validation ceiling).
+
+``--loaders 1,2`` drains each variant with 1 and then 2 loaders in one consumer group
+(threads of one process sharing the embedded store, each batching under its own lock as
+separate processes against a ClickHouse server would).
 
 Prints events/s and process CPU-seconds per 1,000 events for each, plus the ratios. The
 loader runs in this process, so ``time.process_time`` covers chDB's work too.
@@ -77,48 +82,57 @@ def _fill(bootstrap: str, topics: dict[str, str], payloads: dict[str, list[bytes
     producer.close()
 
 
-def _drain(variant: str, bootstrap: str, topics: dict[str, str], total: int, home: str, consumed, out) -> None:
+def _drain(variant: str, loaders: int, bootstrap: str, topics: dict[str, str], total: int, home: str, consumed, out) -> None:
     """One variant in its own process (chDB holds one data directory per process)."""
     from ablab.streaming.loader.service import Loader
     from ablab.streaming.store import apply_ddl, make_client
 
-    store = make_client(f"chdb://{Path(home) / variant}")
+    store = make_client(f"chdb://{Path(home) / f'{variant}-{loaders}'}")
     apply_ddl(store)
-    loader = Loader(store, bootstrap, group_id=f"bench-loader-{variant}-{uuid.uuid4().hex[:6]}",
-                    topics=tuple(topics.values()), known_experiments=lambda: {"bench"}, rollup=variant == "rollup")
+    group = f"bench-loader-{variant}-{uuid.uuid4().hex[:6]}"
+    members = [Loader(store, bootstrap, group_id=group, topics=tuple(topics.values()), known_experiments=lambda: {"bench"},
+                      rollup=variant == "rollup", batch_lock=threading.RLock()) for _ in range(loaders)]
     if variant == "poll-only":
-        def discard() -> None:
-            loader._pending.clear()
-            loader._dead.clear()
-            loader._pending_count = 0
-        loader.flush = discard  # type: ignore[method-assign]
+        for loader in members:
+            def discard(loader: Loader = loader) -> None:
+                loader._pending.clear()
+                loader._dead.clear()
+                loader._pending_count = 0
+            loader.flush = discard  # type: ignore[method-assign]
     stop = threading.Event()
-    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
+    threads = [threading.Thread(target=loader.run, args=(stop,), daemon=True) for loader in members]
     cpu0, first_at = time.process_time(), None
-    thread.start()
+    for thread in threads:
+        thread.start()
     while True:
-        consumed.value = loader.stats.consumed
-        if first_at is None and loader._consumer is not None and loader._consumer.assignment():
+        done = sum(loader.stats.consumed for loader in members)
+        consumed.value = done
+        if first_at is None and any(loader._consumer is not None and loader._consumer.assignment() for loader in members):
             first_at = time.monotonic()  # the clock starts when the group has given out partitions
-        if loader.stats.consumed >= total and not loader._pending_count:
+        if done >= total and not any(loader._pending_count for loader in members):
             break
         time.sleep(0.02)
     done_at = time.monotonic()
     stop.set()
-    thread.join()
+    for thread in threads:
+        thread.join()
     cpu = time.process_time() - cpu0
     elapsed = done_at - (first_at or done_at)
-    out.put({"variant": variant, "consumed": loader.stats.consumed, "loaded": sum(loader.stats.loaded.values()),
-             "seconds": elapsed, "events_per_s": loader.stats.consumed / elapsed if elapsed else float("nan"),
-             "cpu_s_per_1k": 1000 * cpu / max(1, loader.stats.consumed), "batches": loader.stats.batches,
-             "rollup_units": loader.stats.rollup_units})
+    done = sum(loader.stats.consumed for loader in members)
+    out.put({"variant": f"{variant} ×{loaders}", "consumed": done,
+             "loaded": sum(sum(loader.stats.loaded.values()) for loader in members),
+             "seconds": elapsed, "events_per_s": done / elapsed if elapsed else float("nan"),
+             "cpu_s_per_1k": 1000 * cpu / max(1, done), "batches": sum(loader.stats.batches for loader in members),
+             "rollup_units": sum(loader.stats.rollup_units for loader in members)})
 
 
-def _run_variant(variant: str, *, bootstrap: str, topics: dict[str, str], total: int, home: Path, progress: Progress) -> dict:
+def _run_variant(variant: str, loaders: int, *, bootstrap: str, topics: dict[str, str], total: int, home: Path,
+                 progress: Progress) -> dict:
     ctx = multiprocessing.get_context("spawn")
     consumed, out = ctx.Value("q", 0), ctx.Queue()
-    task = progress.add_task(variant, total=total)
-    proc = ctx.Process(target=_drain, args=(variant, bootstrap, topics, total, str(home), consumed, out), daemon=True)
+    task = progress.add_task(f"{variant} ×{loaders}", total=total)
+    proc = ctx.Process(target=_drain, args=(variant, loaders, bootstrap, topics, total, str(home), consumed, out),
+                       daemon=True)
     proc.start()
     while proc.is_alive() and out.empty():
         progress.update(task, completed=consumed.value)
@@ -134,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=100_000, help="requests to pre-fill (~2.5 events each)")
     parser.add_argument("--label-rate", type=float, default=0.5, help="fraction of requests that get a label")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
+    parser.add_argument("--loaders", default="1", help="comma-separated loader counts per variant (one group each)")
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start one in a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -141,6 +156,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    try:
+        counts = [int(n) for n in args.loaders.split(",") if n]
+    except ValueError:
+        parser.error(f"--loaders: expected comma-separated integers, got {args.loaders!r}")
+    if not counts or min(counts) < 1 or max(counts) > 3:
+        parser.error("--loaders: each count must be 1, 2 or 3 (the topics have 3 partitions)")
 
     from ablab.streaming.kafka.broker import BrokerConfig, free_port, start_broker, stop_broker
     from ablab.streaming.kafka.topics import TopicSpec, create_topics
@@ -165,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
         with Progress(*columns, console=console) as progress:
             _fill(bootstrap, topics, payloads, progress)
             for variant in variants:
-                results.append(_run_variant(variant, bootstrap=bootstrap, topics=topics, total=total, home=work, progress=progress))
+                for n in counts:
+                    results.append(_run_variant(variant, n, bootstrap=bootstrap, topics=topics, total=total, home=work,
+                                                progress=progress))
     finally:
         if broker is not None:
             stop_broker(directory=broker.directory)

@@ -71,7 +71,7 @@ def main() -> None:
             raise
         from rich.markup import escape
 
-        from ablab.platform.cli._common import console
+        from ablab.cli._common import console
 
         console.print(f"[bold red]error:[/] this command needs `{exc.name}`, which the light install leaves out")
         console.print("[dim]next:[/] " + escape(f"pip install 'ablab[{extra}]' (or 'ablab[all]'; scripts/bootstrap.sh installs everything)"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ablab.platform.cli._common import console, fail
+from ablab.cli._common import console, fail
 from ablab.platform.config import Settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ablab.platform.cli._common import console
+from ablab.cli._common import console
 from ablab.platform.config import get_settings
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from ablab.platform.cli._common import console, fail
+from ablab.cli._common import console, fail
 from ablab.platform.config import get_settings
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from ablab.platform.cli._common import console, fail, out
+from ablab.cli._common import console, fail, out
 from ablab.platform.config import get_settings
 
 db_app = typer.Typer(help="Database migrations.", no_args_is_help=True)
@@ -27,7 +27,7 @@ def upgrade(
         fail(f"config DB migration failed: {exc}", hint="check ABLAB_DATABASE_URL and that the database is reachable")
     console.print(f"[green]config DB[/] at revision [bold]{current(url)}[/] ({settings.public_dict()['database_url'] or url.split('///')[0] + '///…'})")
     if clickhouse:
-        from ablab.platform.cli import analytics_store
+        from ablab.cli import analytics_store
 
         analytics_store.upgrade(settings)
 

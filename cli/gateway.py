@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ablab.platform.cli._common import console, fail
+from ablab.cli._common import console, fail
 
 TOKEN_ENV = "ABLAB_SDK_TOKEN"
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from ablab.platform.cli._common import console, fail, out
+from ablab.cli._common import console, fail, out
 from ablab.platform.config import get_settings
 
 TOKEN_ENV = "ABLAB_SDK_TOKEN"
@@ -202,7 +202,7 @@ def llm_traffic(
     import time
 
     from ablab.inference import llamacpp
-    from ablab.platform.stack.llm_demo import run_llm_traffic
+    from ablab.cli.supervisor.llm_demo import run_llm_traffic
 
     sink = _sink(api_url, token, events_file)
     if wait_for:

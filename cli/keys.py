@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import typer
 
-from ablab.platform.cli._common import console, fail, out
+from ablab.cli._common import console, fail, out
 from ablab.platform.config import get_settings
 from ablab.platform.registry.schemas import Scope
 

@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from ablab.platform.cli._common import console, fail, out
+from ablab.cli._common import console, fail, out
 from ablab.platform.config import Settings, get_settings
 
 def _ablab() -> str:
@@ -41,7 +41,7 @@ def setup() -> None:
     console.print(f"[green]jars[/] {jars}")
     upgrade(settings.resolved_database_url)
     console.print("[green]config DB[/] migrated")
-    from ablab.platform.cli import analytics_store
+    from ablab.cli import analytics_store
 
     analytics_store.upgrade(settings)
 
@@ -73,7 +73,7 @@ def _demo_tokens(settings: Settings) -> dict[str, str]:
 
 
 def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  # noqa: ANN202
-    from ablab.platform.stack.processes import Service, http_ok, tcp_open
+    from ablab.cli.supervisor.processes import Service, http_ok, tcp_open
 
     ablab = _ablab()
     host, _, port = settings.kafka_bootstrap.rpartition(":")
@@ -120,7 +120,7 @@ def _llm_services(settings: Settings, api: str, sdk_env: dict[str, str], events_
     """SmolLM2 behind llama_cpp.server and the in-repo worker, both behind `ablab gateway`;
     graded questions through the gateway. The SmolLM2 backend starts without blocking `up`:
     it joins when its wheel build is done (`ablab status` shows the progress)."""
-    from ablab.platform.stack.processes import Service, http_ok
+    from ablab.cli.supervisor.processes import Service, http_ok
 
     ablab = _ablab()
     llm = f"http://127.0.0.1:{settings.demo_llm_port}"
@@ -161,7 +161,7 @@ def _gateway_config(settings: Settings) -> Path:
 def _apply_demo(settings: Settings, tokens: dict[str, str]) -> None:
     import subprocess
 
-    demo = Path(__file__).resolve().parents[1] / "stack" / "demo.yaml"
+    demo = Path(__file__).resolve().parent / "supervisor" / "demo.yaml"
     env = {**os.environ, "ABLAB_TOKEN": tokens["admin"], "ABLAB_API_URL": f"http://{settings.api_host}:{settings.api_port}"}
     done = subprocess.run([_ablab(), "apply", "-f", str(demo)], env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
@@ -170,7 +170,7 @@ def _apply_demo(settings: Settings, tokens: dict[str, str]) -> None:
 
 def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffic and labelers on a seeded experiment.")) -> None:
     """Start the local stack in order, with health checks; a second `up` reuses what runs."""
-    from ablab.platform.stack.processes import Supervisor
+    from ablab.cli.supervisor.processes import Supervisor
 
     _require_jvm()
     settings = get_settings()
@@ -201,7 +201,7 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
 
 def down() -> None:
     """Stop every ablab process of this ABLAB_HOME, in reverse start order."""
-    from ablab.platform.stack.processes import Supervisor
+    from ablab.cli.supervisor.processes import Supervisor
 
     settings = get_settings()
     supervisor = Supervisor(settings.home)
@@ -214,7 +214,7 @@ def down() -> None:
 
 def status() -> None:
     """What runs, with its pid and health."""
-    from ablab.platform.stack.processes import Supervisor
+    from ablab.cli.supervisor.processes import Supervisor
 
     settings = get_settings()
     supervisor = Supervisor(settings.home)
@@ -243,7 +243,7 @@ def outbox(
     """Ship the event files under ABLAB_HOME/outbox to POST /v1/events, each event once (the demo's emitters write them)."""
     import signal
 
-    from ablab.platform.stack.outbox import Forwarder, http_poster
+    from ablab.platform.sdk.outbox import Forwarder, http_poster
 
     settings = get_settings()
     if not token:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import typer
 
-from ablab.platform.cli._common import console, fail, out
+from ablab.cli._common import console, fail, out
 
 kafka_app = typer.Typer(help="Run local Kafka (KRaft): one broker, or a cluster with --brokers 3.", no_args_is_help=True)
 flink_app = typer.Typer(help="Run a local Flink session cluster (JobManager + TaskManagers from PyFlink's own Flink).",

@@ -135,7 +135,7 @@ def seed_store(*, home: Path, experiment: str, n_requests: int = 20_000, n_units
     Events span ``duration_s`` ending now, or, with ``begin_in_s`` > 0, starting that many
     seconds from now: results count only events after the experiment's start, so an
     experiment started after seeding needs its traffic ahead of it."""
-    from ablab.streaming.events import Rejection, validate_event
+    from ablab.platform.events import Rejection, validate_event
     from ablab.streaming.loader.rows import RAW_COLUMNS, raw_event_row
     from ablab.streaming.store import apply_ddl, make_client
 

@@ -27,8 +27,8 @@ Identity: :func:`derive_event_id` gives a record without an ``event_id`` a deter
 one (an inference event from its ``trace_id``, any other from its content); the models
 apply it, and so must every producer that writes to Kafka directly.
 
-The published JSON Schemas under ``streaming/schemas/<type>.json`` are generated from
-these models (``python -m ablab.streaming.events``); a unit test keeps them equal.
+The published JSON Schemas under ``platform/schemas/<type>.json`` are generated from
+these models (``python -m ablab.platform.events``); a unit test keeps them equal.
 """
 
 from __future__ import annotations
@@ -554,6 +554,6 @@ def write_json_schemas(directory: Path = SCHEMA_DIR) -> list[Path]:
     return written
 
 
-if __name__ == "__main__":  # python -m ablab.streaming.events  → regenerate schemas/
+if __name__ == "__main__":  # python -m ablab.platform.events  → regenerate schemas/
     for path in write_json_schemas():
         print(path)

@@ -1,27 +1,22 @@
-"""Registry logic. Services flush; the caller's transaction commits (see ``db.transaction``)."""
+"""Experiments: create, update, lifecycle, pause and archive. Services flush; the caller's
+transaction commits (see ``db.transaction``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm.exc import StaleDataError
 
-from ablab.platform.assignment.payload import config_from_payload  # noqa: F401 - re-exported
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed
 from ablab.platform.factors.service import check_strategies
-from ablab.platform.registry.models import AuditEntry, Experiment, Holdout, Layer, RegistryRevision, Variant, aware, utcnow
+from ablab.platform.registry.audit import bump_revision, flush_new, record_audit
+from ablab.platform.registry.models import Experiment, Holdout, Layer, Variant, aware, utcnow
 from ablab.platform.registry.schemas import (
-    AuditRead,
     ExperimentCreate,
     ExperimentRead,
     ExperimentUpdate,
-    HoldoutCreate,
-    HoldoutRead,
-    LayerCreate,
-    LayerRead,
     Status,
     VariantIn,
     VariantOut,
@@ -33,44 +28,6 @@ TRANSITIONS: dict[str, tuple[frozenset[Status], Status]] = {
     "pause": (frozenset({Status.running}), Status.paused),
     "stop": (frozenset({Status.draft, Status.running, Status.paused}), Status.stopped),
 }
-
-
-# ---------------------------------------------------------------- helpers
-
-
-def _bump_revision(session: Session) -> None:
-    # An atomic increment: with read-modify-write two concurrent writers could store the
-    # same number, and a cache that read it after the first would never see the second.
-    session.flush()
-    session.execute(update(RegistryRevision).where(RegistryRevision.id == 1).values(revision=RegistryRevision.revision + 1))
-
-
-def _flush_new(session: Session, conflict: str, *, field: str) -> None:
-    """Flush an insert; a unique key taken by a concurrent writer since our check is a 409."""
-    try:
-        with session.begin_nested():
-            session.flush()
-    except IntegrityError as exc:
-        raise Conflict(conflict, field=field) from exc
-
-
-def registry_revision(session: Session) -> int:
-    return session.scalar(select(RegistryRevision.revision).where(RegistryRevision.id == 1)) or 0
-
-
-def record_audit(
-    session: Session, *, actor: str, action: str, entity_type: str, entity_key: str, before: Any, after: Any
-) -> None:
-    session.add(
-        AuditEntry(
-            actor=actor,
-            action=action,
-            entity_type=entity_type,
-            entity_key=entity_key,
-            before=before,
-            after=after,
-        )
-    )
 
 
 def _snapshot(exp: Experiment) -> dict[str, Any]:
@@ -161,8 +118,6 @@ def _allocate(session: Session, layer: Layer, share: float | None, bucket_space:
     )
 
 
-# ---------------------------------------------------------------- experiments
-
 
 def get_experiment(session: Session, key: str) -> Experiment:
     exp = session.scalar(select(Experiment).where(Experiment.key == key))
@@ -234,9 +189,9 @@ def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, b
         variants=_variants(data.variants),
     )
     session.add(exp)
-    _flush_new(session, f"experiment '{data.key}' already exists", field="key")
+    flush_new(session, f"experiment '{data.key}' already exists", field="key")
     record_audit(session, actor=actor, action="create", entity_type="experiment", entity_key=exp.key, before=None, after=_snapshot(exp))
-    _bump_revision(session)
+    bump_revision(session)
     return exp
 
 
@@ -309,7 +264,7 @@ def update_experiment(
     _flush_versioned(session, exp)
     action = "update+new_phase" if data.new_phase and exp.phase != before["phase"] else "update"
     record_audit(session, actor=actor, action=action, entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
-    _bump_revision(session)
+    bump_revision(session)
     return exp
 
 
@@ -350,7 +305,7 @@ def transition(
     if reason:
         after["reason"] = reason
     record_audit(session, actor=actor, action=action, entity_type="experiment", entity_key=key, before=before, after=after)
-    _bump_revision(session)
+    bump_revision(session)
     return exp
 
 
@@ -375,7 +330,7 @@ def pause_variant(
     exp.updated_at = utcnow()  # bumps the experiment's version too
     _flush_versioned(session, exp)
     record_audit(session, actor=actor, action="pause_variant", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
-    _bump_revision(session)
+    bump_revision(session)
     return exp
 
 
@@ -396,7 +351,7 @@ def resume_variant(session: Session, *, key: str, variant: str, actor: str, expe
     exp.updated_at = utcnow()
     _flush_versioned(session, exp)
     record_audit(session, actor=actor, action="resume_variant", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
-    _bump_revision(session)
+    bump_revision(session)
     return exp
 
 
@@ -428,7 +383,7 @@ def archive_experiment(session: Session, *, key: str, actor: str, expected_versi
     exp.archived_at = utcnow()
     _flush_versioned(session, exp)
     record_audit(session, actor=actor, action="archive", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
-    _bump_revision(session)
+    bump_revision(session)
     return exp
 
 
@@ -444,7 +399,7 @@ def unarchive_experiment(session: Session, *, key: str, actor: str, expected_ver
     exp.archived_at = None
     _flush_versioned(session, exp)
     record_audit(session, actor=actor, action="unarchive", entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))
-    _bump_revision(session)
+    bump_revision(session)
     return exp
 
 
@@ -473,101 +428,4 @@ def delete_experiment(session: Session, *, key: str, actor: str, expected_versio
     session.delete(exp)
     _flush_versioned(session, exp)
     record_audit(session, actor=actor, action="delete", entity_type="experiment", entity_key=key, before=before, after=None)
-    _bump_revision(session)
-
-
-def audit_log(
-    session: Session, *, key: str | None = None, entity_type: str | None = None, limit: int = 200
-) -> list[AuditRead]:
-    query = select(AuditEntry).order_by(AuditEntry.id.desc()).limit(limit)
-    if key is not None:
-        query = query.where(AuditEntry.entity_key == key)
-    if entity_type is not None:
-        query = query.where(AuditEntry.entity_type == entity_type)
-    return [AuditRead.model_validate(e, from_attributes=True) for e in session.scalars(query)]
-
-
-# ---------------------------------------------------------------- layers and holdouts
-
-
-def create_layer(session: Session, *, data: LayerCreate, actor: str) -> Layer:
-    if session.scalar(select(Layer.id).where(Layer.key == data.key)) is not None:
-        raise Conflict(f"layer '{data.key}' already exists", field="key")
-    layer = Layer(key=data.key, name=data.name or data.key, salt=f"layer:{data.key}")
-    session.add(layer)
-    _flush_new(session, f"layer '{data.key}' already exists", field="key")
-    record_audit(session, actor=actor, action="create", entity_type="layer", entity_key=data.key, before=None, after=data.model_dump())
-    _bump_revision(session)
-    return layer
-
-
-def layer_read(session: Session, layer: Layer, bucket_space: int) -> LayerRead:
-    rows = session.execute(
-        select(Experiment.key, Experiment.layer_lo, Experiment.layer_hi)
-        .where(Experiment.layer_id == layer.id, Experiment.status != Status.stopped.value, Experiment.archived_at.is_(None))
-        .order_by(Experiment.layer_lo)
-    ).all()
-    used = sum(hi - lo for _, lo, hi in rows)
-    return LayerRead(
-        key=layer.key,
-        name=layer.name,
-        allocated=[{"experiment": k, "range": [lo, hi]} for k, lo, hi in rows],
-        free_share=(bucket_space - used) / bucket_space,
-    )
-
-
-def list_layers(session: Session) -> list[Layer]:
-    return list(session.scalars(select(Layer).order_by(Layer.key)))
-
-
-def create_holdout(session: Session, *, data: HoldoutCreate, actor: str) -> Holdout:
-    if session.scalar(select(Holdout.id).where(Holdout.key == data.key)) is not None:
-        raise Conflict(f"holdout '{data.key}' already exists", field="key")
-    holdout = Holdout(key=data.key, name=data.name or data.key, salt=f"holdout:{data.key}", fraction=data.fraction)
-    session.add(holdout)
-    _flush_new(session, f"holdout '{data.key}' already exists", field="key")
-    record_audit(session, actor=actor, action="create", entity_type="holdout", entity_key=data.key, before=None, after=data.model_dump())
-    _bump_revision(session)
-    return holdout
-
-
-def list_holdouts(session: Session) -> list[HoldoutRead]:
-    return [HoldoutRead(key=h.key, name=h.name, fraction=h.fraction) for h in session.scalars(select(Holdout).order_by(Holdout.key))]
-
-
-# ---------------------------------------------------------------- what assignment needs
-
-
-def sdk_config(session: Session, *, bucket_space: int) -> dict[str, Any]:
-    """Everything an SDK needs to assign locally; the input of :func:`config_from_payload`."""
-    experiments = session.scalars(
-        select(Experiment)
-        .where(Experiment.status != Status.stopped.value, Experiment.archived_at.is_(None))
-        .order_by(Experiment.key)
-    ).all()
-    return {
-        "revision": registry_revision(session),
-        "bucket_space": bucket_space,
-        "layers": [{"key": layer.key, "salt": layer.salt} for layer in list_layers(session)],
-        "holdouts": [{"key": h.key, "salt": h.salt, "fraction": h.fraction} for h in session.scalars(select(Holdout))],
-        "experiments": [
-            {
-                "key": e.key,
-                "salt": e.salt,
-                "phase": e.phase,
-                "unit": e.unit,
-                "status": e.status,
-                "traffic": e.traffic,
-                "control": e.control,
-                "layer": e.layer.key if e.layer else None,
-                "layer_range": [e.layer_lo, e.layer_hi] if e.layer_id is not None else None,
-                "holdout": e.holdout.key if e.holdout else None,
-                "targeting": e.targeting,
-                "forced": e.forced,
-                "variants": [
-                    {"key": v.key, "weight": v.weight, "strategy": v.strategy, "paused": v.paused} for v in e.variants
-                ],
-            }
-            for e in experiments
-        ],
-    }
+    bump_revision(session)

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ablab.streaming.events import FIELD_BOUNDS
+from ablab.platform.events import FIELD_BOUNDS
 
 SQL_DIR = Path(__file__).parent / "sql"
 WINDOW_SECONDS = 10
@@ -94,7 +94,7 @@ class JobConfig:
     record is rejected (the loader dead-letters it) and the watermark counts it as this far
     ahead at most, so one bad clock cannot make a partition's later events late."""
     max_latency_ms: float = FIELD_BOUNDS["e2e_ms"].hi
-    """Physical bounds, from the edge's one table (``ablab.streaming.events.FIELD_BOUNDS``:
+    """Physical bounds, from the edge's one table (``ablab.platform.events.FIELD_BOUNDS``:
     a latency within a day, cost and tokens below a ceiling): a record outside them is
     rejected, not windowed. The edge refuses the same; these catch producers that write to
     Kafka directly."""

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from ablab.streaming.events import derive_event_id
+from ablab.platform.events import derive_event_id
 
 WINDOW_MS = 10_000
 SUM_FIELDS = {
@@ -53,7 +53,7 @@ def window_time_ms(ts_ms: int) -> int:
 
 def identity(event: dict[str, Any]) -> str:
     """The job's identity of an inference event: its event_id, or (a producer that sent
-    none) the one ``ablab.streaming.events.derive_event_id`` gives, as 30_transform.sql computes it."""
+    none) the one ``ablab.platform.events.derive_event_id`` gives, as 30_transform.sql computes it."""
     return event.get("event_id") or derive_event_id(event)
 
 

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablab.streaming.events import Rejection, dead_letter_record, topic_key
+from ablab.platform.events import Rejection, dead_letter_record, topic_key
 from ablab.streaming.kafka.spool import FsyncPolicy, Spool, SpoolRecord
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, event_topic
 
@@ -96,7 +96,7 @@ class Emitter:
     # -- the request path: cheap and non-blocking -----------------------------------------
 
     def emit(self, event: Any) -> None:
-        """Queue a validated event (an ``ablab.streaming.events`` model) for its topic."""
+        """Queue a validated event (an ``ablab.platform.events`` model) for its topic."""
         self.emit_record(SpoolRecord(event_topic(event.type), topic_key(event), event.to_json_bytes()))
 
     def emit_record(self, record: SpoolRecord) -> None:

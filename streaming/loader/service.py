@@ -50,7 +50,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ablab.streaming.events import Rejection, dead_letter_record
+from ablab.platform.events import Rejection, dead_letter_record
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, EVENT_TOPICS, WINDOWS_TOPIC
 from ablab.streaming.loader.rows import DEFAULT_MAX_FUTURE_S, RAW_COLUMNS, TABLE_COLUMNS, Routed, route
 

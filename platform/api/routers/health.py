@@ -91,7 +91,7 @@ def readyz(state: StateDep) -> Response:
 
 
 def _event_fields() -> frozenset[str]:
-    from ablab.streaming import events
+    from ablab.platform import events
 
     names = {"$", "events", "labels", "records"}
     for model in (events.ExposureEvent, events.InferenceEvent, events.RumEvent, events.FeedbackEvent, events.CostEvent):

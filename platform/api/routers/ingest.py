@@ -57,7 +57,7 @@ def _components() -> dict[str, Any]:
     """The event models' JSON Schemas as OpenAPI components, plus the label and billing record shapes."""
     import json
 
-    from ablab.streaming.events import json_schemas
+    from ablab.platform.events import json_schemas
 
     union = json.loads(json.dumps(json_schemas()["event"]).replace("#/$defs/", _REF))
     components: dict[str, Any] = union.pop("$defs")

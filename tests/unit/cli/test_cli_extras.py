@@ -1,6 +1,6 @@
 """A command whose extra is missing names the extra (the light install)."""
 
-from ablab.platform.cli import missing_extra
+from ablab.cli import missing_extra
 
 
 def test_missing_modules_map_to_their_extra():

@@ -2,7 +2,7 @@
 
 from ablab.inference.labeler import Labeler, LabelerConfig
 from ablab.inference.serving.events import ListSink
-from ablab.platform.stack.llm_demo import QUESTIONS, grade
+from ablab.cli.supervisor.llm_demo import QUESTIONS, grade
 
 
 def test_grade_accepts_the_answer_as_a_word_only():

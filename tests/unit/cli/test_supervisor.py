@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ablab.platform.stack.processes import Service, Supervisor, http_ok
+from ablab.cli.supervisor.processes import Service, Supervisor, http_ok
 
 
 def test_start_reuse_and_stop_leave_nothing_behind(tmp_path) -> None:
@@ -49,7 +49,7 @@ def test_a_crashing_service_reports_its_log(tmp_path) -> None:
 def test_stop_reaches_a_child_left_behind_by_its_leader(tmp_path) -> None:
     """The leader exits on SIGTERM, its child (like the Flink JVM) ignores it: stop must not
     report success while the child lives; it SIGKILLs the group."""
-    from ablab.platform.stack.processes import group_alive
+    from ablab.cli.supervisor.processes import group_alive
 
     stubborn = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('child up', flush=True); time.sleep(300)"
     leader = f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {stubborn!r}]); time.sleep(300)"

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ablab.streaming.events import (
+from ablab.platform.events import (
     EVENT_TYPES,
     MAX_EVENT_BYTES,
     SCHEMA_DIR,
@@ -199,8 +199,8 @@ def test_committed_json_schemas_equal_the_generated_ones() -> None:
     assert set(generated) == {*EVENT_TYPES, "event"}
     for name, schema in generated.items():
         path = SCHEMA_DIR / f"{name}.json"
-        assert path.is_file(), f"{path} missing: run `python -m ablab.streaming.events`"
-        assert path.read_text() == render_schema(schema), f"{path} is stale: run `python -m ablab.streaming.events`"
+        assert path.is_file(), f"{path} missing: run `python -m ablab.platform.events`"
+        assert path.read_text() == render_schema(schema), f"{path} is stale: run `python -m ablab.platform.events`"
 
 
 def test_published_schema_forbids_unknown_fields_and_names_required_ones() -> None:

@@ -21,8 +21,8 @@ from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 from ablab.streaming.flink.harness import PipelineTopics, RawProducer
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import apply_ddl, make_client, rollup
-from ablab.streaming.events import validate_event
-from ablab.streaming.events import Rejection
+from ablab.platform.events import validate_event
+from ablab.platform.events import Rejection
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

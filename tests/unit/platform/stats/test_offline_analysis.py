@@ -85,7 +85,7 @@ def test_duplicates_late_labels_billing_and_malformed_rows():
 
 
 def test_cli_analyze_json_csv_and_table(tmp_path):
-    from ablab.platform.cli import app
+    from ablab.cli import app
 
     path = write_events(synthetic_events(n_requests=5_000, n_units=500, seed=3), tmp_path / "ev.jsonl")
     cfg = tmp_path / "exp.yaml"
@@ -105,7 +105,7 @@ def test_cli_analyze_json_csv_and_table(tmp_path):
 
 
 def test_cli_rejects_bad_config_naming_the_field(tmp_path):
-    from ablab.platform.cli import app
+    from ablab.cli import app
 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump({"key": "x", "control": "nope", "variants": [{"key": "a"}, {"key": "b"}]}))

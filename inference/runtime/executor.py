@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ablab.inference.model.transformer import TinyLM
 from ablab.inference.runtime.attention import sharded_attention
-from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
+from ablab.inference.model.lora import AdapterBank, LoRAWeights
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER, use_int8
 from ablab.inference.runtime.single import SingleDecode
 from ablab.inference.runtime.sparse_ffn import GATHER_MAX_TOKENS, BaseCalibration, FFNTables, Predictor, sparse_ffn

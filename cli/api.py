@@ -28,7 +28,7 @@ def api(
     port = port or settings.api_port
     console.print(f"[green]ablab API[/] on http://{host}:{port} (docs at /docs)")
     uvicorn.run(
-        "ablab.platform.api.server:app",
+        "ablab.cli.asgi:app",
         host=host,
         port=port,
         workers=workers,

@@ -49,7 +49,12 @@ def gateway(
                       f"recorded (set {TOKEN_ENV}; ablab keys create --name gateway --scope sdk)")
     names = ", ".join(f"{n} -> {b.url}" for n, b in settings.backends.items())
     console.print(f"[green]ablab gateway[/] on http://{host}:{port}/v1  backends: {names}  (default {settings.default_backend})")
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=base.log_level.lower(), access_log=False)
+    from ablab.platform.gateway.rewrite import torch_available
+
+    compress = None
+    if torch_available():  # the in-repo model scores tokens for entropy compression
+        from ablab.inference.compression import compress
+    uvicorn.run(create_app(settings, compress=compress), host=host, port=port, log_level=base.log_level.lower(), access_log=False)
 
 
 def register(app: typer.Typer) -> None:

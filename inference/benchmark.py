@@ -18,7 +18,7 @@ from ablab.inference import tasks
 from ablab.inference.assets import Bundle
 from ablab.inference.engine import Engine, GenRequest
 from ablab.inference.evaluate import accuracy
-from ablab.inference.pricing import load_price_table
+from ablab.platform.pricing import load_price_table
 from ablab.inference.registry import StrategyNotServable, plan_for
 from ablab.inference.runtime.executor import Executor, RuntimeConfig
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS

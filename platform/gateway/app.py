@@ -4,7 +4,7 @@ assignment client, the outbox and its shipper (never at import time)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,13 +19,18 @@ from ablab.platform.gateway.serving import GatewayState, ServingChat, ServingCom
 from ablab.platform.gateway.settings import GatewaySettings
 from ablab.platform.gateway.upstream import upstream_pools
 
+# A prompt compressor: (text, tau, window) -> the text with its predictable tokens dropped.
+Compressor = Callable[[str, float, int], str]
+
 log = logging.getLogger(__name__)
 
 
-def build_state(settings: GatewaySettings, *, sdk: Any = None) -> GatewayState:
+def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compressor | None = None) -> GatewayState:
     """Everything a running gateway holds. ``sdk`` (an ``AblabClient``) may be given (tests);
-    else one is started when a token is configured."""
-    state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer())
+    else one is started when a token is configured. ``compress`` serves ``compression``
+    strategies (without one they are refused by name)."""
+    state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer(),
+                         compress=compress)
     if sdk is None and settings.token:
         from ablab.platform.sdk import AblabClient
 
@@ -55,18 +60,19 @@ def refused_variants(state: GatewayState) -> list[str]:
     out = []
     for exp in state.sdk.config.experiments:
         for v in exp.variants:
-            problems = strategy_problems(v.strategy, backends=state.settings.backends, templates=state.settings.templates)
+            problems = strategy_problems(v.strategy, backends=state.settings.backends, templates=state.settings.templates,
+                                         can_compress=state.compress is not None)
             if problems:
                 out.append(f"{exp.key}/{v.key}: " + "; ".join(problems))
     return out
 
 
-def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True) -> Starlette:
+def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True, compress: Compressor | None = None) -> Starlette:
     holder: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        state = build_state(settings, sdk=sdk)
+        state = build_state(settings, sdk=sdk, compress=compress)
         holder["state"] = state
         chat.state = completion.state = state
         for line in refused_variants(state):

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +29,7 @@ from ablab.platform.gateway import protocol
 from ablab.platform.gateway.emit import event_unit_id
 from ablab.platform.gateway.metering import Measurement, exposure_event, inference_event, strategy_id
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
-from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems, torch_available
+from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
 from ablab.platform.gateway.stream import StreamMeter
 from ablab.platform.gateway.translators import translator_for
@@ -64,6 +64,9 @@ class GatewayState:
     outbox: Any = None  # emit.Outbox
     tracer: Any = None
     with_measures: bool = False
+    # The prompt compressor (text, tau, window) -> text; the in-repo model's, given by
+    # `ablab gateway` where torch is installed (ablab.inference.compression.compress).
+    compress: Callable[[str, float, int], str] | None = None
     inflight: dict[str, int] = field(default_factory=dict)
     plans: dict[tuple[str, tuple[tuple[str, str], ...]], Plan] = field(default_factory=dict)
     refused_logged: set[tuple[str, str]] = field(default_factory=set)
@@ -81,7 +84,8 @@ class GatewayState:
             for a in found:  # the first experiment (layer order) to set a factor decides it
                 for k, v in a.strategy.items():
                     merged.setdefault(k, v)
-            problems = tuple(strategy_problems(merged, backends=self.settings.backends, templates=self.settings.templates))
+            problems = tuple(strategy_problems(merged, backends=self.settings.backends, templates=self.settings.templates,
+                                               can_compress=self.compress is not None))
             plan = Plan(key[1], merged, strategy_id(merged), problems)
             if len(self.plans) > 4096:
                 self.plans.clear()
@@ -92,12 +96,8 @@ class GatewayState:
                     log.error("experiment %s variant %s cannot be served by this gateway: %s", exp, var, "; ".join(problems))
         return plan
 
-    def compressor(self) -> Any:
-        if not torch_available():
-            return None
-        from ablab.platform.gateway.compression import compress
-
-        return compress
+    def compressor(self) -> Callable[[str, float, int], str] | None:
+        return self.compress
 
 
 def _attributes(headers: Mapping[str, str]) -> dict[str, str] | None:

@@ -49,7 +49,7 @@ def gateway(
                       f"recorded (set {TOKEN_ENV}; ablab keys create --name gateway --scope sdk)")
     names = ", ".join(f"{n} -> {b.url}" for n, b in settings.backends.items())
     console.print(f"[green]ablab gateway[/] on http://{host}:{port}/v1  backends: {names}  (default {settings.default_backend})")
-    from ablab.platform.gateway.rewrite import torch_available
+    from ablab.platform.sdk.rewrite import torch_available
 
     compress = None
     if torch_available():  # the in-repo model scores tokens for entropy compression

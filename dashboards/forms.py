@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from ablab.platform.factors.catalog import FactorCatalog, FactorDef
+from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentUpdate
 from ablab.platform.strategy import Strategy
 

@@ -12,11 +12,10 @@ from fastapi import FastAPI
 from ablab.platform.api import problems
 from ablab.platform.api.limits import BodyLimitMiddleware
 from ablab.platform.api.ports import AnalyticsBackend, IngestPipeline
-from ablab.platform.api.routers import assign, experiments, health, keys, layers, results
+from ablab.platform.api.routers import assign, experiments, factors, health, keys, layers, results
 from ablab.platform.api.routers import ingest as ingest_routes
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
-from ablab.platform.factors import router as factors_router
 from ablab.platform.registry.db import make_engine, make_sessionmaker
 
 # Builders of what the app runs beside its routes, called in the lifespan with the AppState.
@@ -135,7 +134,7 @@ def create_app(
     for module in (assign, health, experiments, layers, keys, results, ingest_routes):
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
-    app.include_router(factors_router.router)
+    app.include_router(factors.router)
     ingest_routes.install_openapi(app)
     # Outermost last: the metrics middleware also sees the body limit's 413/408 answers.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)

@@ -53,7 +53,7 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
 def refused_variants(state: GatewayState) -> list[str]:
     """Running variants whose strategy this gateway cannot serve, with the reasons (logged at
     start, so an operator learns before traffic does)."""
-    from ablab.platform.gateway.rewrite import strategy_problems
+    from ablab.platform.sdk.rewrite import strategy_problems
 
     if state.sdk is None:
         return []

@@ -7,8 +7,8 @@ from fastapi import APIRouter, Response, status
 from ablab.platform.api.deps import Editor, SessionDep, Viewer
 from ablab.platform.api.problems import responses
 from ablab.platform.errors import Conflict, Invalid, NotFound
-from ablab.platform.factors import service
-from ablab.platform.factors.schemas import FactorCreate, FactorPage, FactorRead, FactorUpdate
+from ablab.platform.registry.factors import service
+from ablab.platform.registry.factors.schemas import FactorCreate, FactorPage, FactorRead, FactorUpdate
 
 router = APIRouter(prefix="/v1/factors", tags=["factors"])
 

@@ -12,7 +12,7 @@ from ablab.platform.api.deps import CurrentExperiment, SessionDep, StateDep, Vie
 from ablab.platform.api.ports import AnalyticsBackend
 from ablab.platform.api.problems import responses
 from ablab.platform.errors import Invalid, NotFound, Unavailable
-from ablab.platform.factors import service as factors
+from ablab.platform.registry.factors import service as factors
 
 router = APIRouter(prefix="/v1/experiments", tags=["results"])
 

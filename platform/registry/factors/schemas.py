@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from ablab.platform.factors.catalog import FactorDef, definition_problems
+from ablab.platform.registry.factors.catalog import FactorDef, definition_problems
 from ablab.platform.strategy import DECLARED_NAME, PARAM_KEY, reserved_name
 
 FACTOR_NAME = rf"{DECLARED_NAME}|^params\.{PARAM_KEY.removeprefix('^')}"

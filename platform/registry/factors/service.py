@@ -12,9 +12,9 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ablab.platform.errors import Conflict, Invalid, NotFound
-from ablab.platform.factors.catalog import FactorCatalog, FactorDef
-from ablab.platform.factors.models import DeclaredFactor
-from ablab.platform.factors.schemas import FactorCreate, FactorRead, FactorUpdate
+from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef
+from ablab.platform.registry.factors.models import DeclaredFactor
+from ablab.platform.registry.factors.schemas import FactorCreate, FactorRead, FactorUpdate
 from ablab.platform.registry.models import AuditEntry, Experiment
 from ablab.platform.strategy import OpenStrategy, open_strategy
 

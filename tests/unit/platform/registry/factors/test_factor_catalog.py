@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ablab.platform.factors.catalog import FactorCatalog, FactorDef, builtin_factors
-from ablab.platform.factors.schemas import FactorCreate, FactorRead
+from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef, builtin_factors
+from ablab.platform.registry.factors.schemas import FactorCreate, FactorRead
 from ablab.platform.strategy import FACTOR_NAMES
 
 

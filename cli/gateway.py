@@ -49,12 +49,25 @@ def gateway(
                       f"recorded (set {TOKEN_ENV}; ablab keys create --name gateway --scope sdk)")
     names = ", ".join(f"{n} -> {b.url}" for n, b in settings.backends.items())
     console.print(f"[green]ablab gateway[/] on http://{host}:{port}/v1  backends: {names}  (default {settings.default_backend})")
-    from ablab.platform.sdk.rewrite import torch_available
+    from ablab.platform.gateway.rewrite import torch_available
 
     compress = None
     if torch_available():  # the in-repo model scores tokens for entropy compression
         from ablab.inference.compression import compress
-    uvicorn.run(create_app(settings, compress=compress), host=host, port=port, log_level=base.log_level.lower(), access_log=False)
+    sdk = None
+    if settings.token:
+        from ablab.platform.sdk import AblabClient
+
+        sdk = AblabClient(settings.api_url, settings.token, refresh_s=settings.refresh_s)
+        if not sdk.wait_ready(10.0):
+            console.print(f"[yellow]the assignment config is not loaded yet[/] (API at {settings.api_url}); units get "
+                          "the default backend until it is")
+    try:
+        uvicorn.run(create_app(settings, sdk=sdk, compress=compress), host=host, port=port,
+                    log_level=base.log_level.lower(), access_log=False)
+    finally:
+        if sdk is not None:
+            sdk.close()
 
 
 def register(app: typer.Typer) -> None:

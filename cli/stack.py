@@ -243,7 +243,7 @@ def outbox(
     """Ship the event files under ABLAB_HOME/outbox to POST /v1/events, each event once (the demo's emitters write them)."""
     import signal
 
-    from ablab.platform.sdk.outbox import Forwarder, http_poster
+    from ablab.platform.gateway.outbox import Forwarder, http_poster
 
     settings = get_settings()
     if not token:

@@ -5,7 +5,7 @@ The in-repo model is character-level over a small alphabet, so it scores the cha
 knows (lower-cased) and always keeps the ones it does not; pruning is per window, as
 :func:`ablab.inference.prompts.prune_by_entropy` does for the in-repo runtime. torch is
 imported on first use only; without it the gateway refuses such strategies (see
-:func:`ablab.platform.sdk.rewrite.strategy_problems`).
+:func:`ablab.platform.gateway.rewrite.strategy_problems`).
 """
 
 from __future__ import annotations

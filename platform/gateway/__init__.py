@@ -11,7 +11,7 @@ Layout (protocol apart from serving, as vLLM's entrypoints do):
 - :mod:`.protocol`    SSE framing and the OpenAI chunk shapes, pure;
 - :mod:`.translators` each backend kind's quirks in one small class;
 - :mod:`.stream`      the stream meter: a pure function over chunks (TTFT, ITL, usage);
-- :mod:`ablab.platform.sdk.rewrite` strategy → request body (model, params, prompts, CoT, compression);
+- :mod:`.rewrite`     strategy → request body (model, params, prompts, CoT, compression);
 - :mod:`.metering`    measurements → the inference event (TPOT, tokens, cost);
 - :mod:`.emit`        the durable outbox and its forwarder to ``POST /v1/events``;
 - :mod:`.serving`     one serving class per endpoint; :mod:`.app` the thin ASGI app.

@@ -26,20 +26,14 @@ log = logging.getLogger(__name__)
 
 
 def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compressor | None = None) -> GatewayState:
-    """Everything a running gateway holds. ``sdk`` (an ``AblabClient``) may be given (tests);
-    else one is started when a token is configured. ``compress`` serves ``compression``
-    strategies (without one they are refused by name)."""
+    """Everything a running gateway holds. ``sdk`` assigns units (an ``AblabClient``, which
+    ``ablab gateway`` starts with the sdk token and closes); without one every request goes to
+    the default backend. ``compress`` serves ``compression`` strategies (without one they are
+    refused by name)."""
     state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer(),
                          compress=compress)
-    if sdk is None and settings.token:
-        from ablab.platform.sdk import AblabClient
-
-        sdk = AblabClient(settings.api_url, settings.token, refresh_s=settings.refresh_s)
-        if not sdk.wait_ready(10.0):
-            log.warning("the assignment config is not loaded yet (API at %s); units get the default backend until it is",
-                        settings.api_url)
-    elif sdk is None:
-        log.warning("no sdk token: every request goes to the default backend %r and no events are written",
+    if sdk is None:
+        log.warning("no assignment client (no sdk token): every request goes to the default backend %r",
                     settings.default_backend)
     state.sdk = sdk
     if settings.outbox_dir is not None:
@@ -53,7 +47,7 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
 def refused_variants(state: GatewayState) -> list[str]:
     """Running variants whose strategy this gateway cannot serve, with the reasons (logged at
     start, so an operator learns before traffic does)."""
-    from ablab.platform.sdk.rewrite import strategy_problems
+    from ablab.platform.gateway.rewrite import strategy_problems
 
     if state.sdk is None:
         return []
@@ -91,8 +85,6 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
                 shipper.close()
             if state.outbox is not None:
                 state.outbox.close()
-            if sdk is None and state.sdk is not None:
-                state.sdk.close()
 
     chat = ServingChat(None)  # type: ignore[arg-type]  # the lifespan gives them their state
     completion = ServingCompletion(None)  # type: ignore[arg-type]

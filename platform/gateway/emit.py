@@ -1,5 +1,5 @@
 """Durable event delivery: the project's outbox (one JSON line per event, flushed to the OS
-before the request is answered) and its forwarder (``ablab.platform.sdk.outbox``), which
+before the request is answered) and its forwarder (``ablab.platform.gateway.outbox``), which
 posts batches to ``POST /v1/events`` with the gateway's sdk-scoped token and saves its read
 position only after a 202. A gateway killed at any point after answering loses nothing: the
 next start ships what the last one wrote, with the same event ids.
@@ -87,7 +87,7 @@ class Shipper:
     """Runs the outbox forwarder in a thread until :meth:`close`."""
 
     def __init__(self, directory: Path, *, api_url: str, token: str) -> None:
-        from ablab.platform.sdk.outbox import Forwarder, http_poster
+        from ablab.platform.gateway.outbox import Forwarder, http_poster
 
         self.forwarder = Forwarder(Path(directory), post=http_poster(api_url, token))
         self._stop = threading.Event()

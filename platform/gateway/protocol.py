@@ -165,6 +165,25 @@ def view_chunk(chunk: Any) -> ChunkView:
     return ChunkView(generated, chars, usage_only, usage, finish, error=chunk.get("error"))
 
 
+def message_text(body: dict[str, Any]) -> str:
+    """All text the caller sent (chat messages or a completion prompt), for token estimates."""
+    if "messages" in body:
+        out = []
+        for m in body.get("messages") or ():
+            content = m.get("content") if isinstance(m, dict) else None
+            if isinstance(content, str):
+                out.append(content)
+            elif isinstance(content, list):
+                out.extend(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
+        return "\n".join(out)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return "\n".join(p for p in prompt if isinstance(p, str))
+    return ""
+
+
 def estimate_tokens(chars: int) -> int:
     """~4 characters per token for English text (the common rule of thumb); marked estimated."""
     return 0 if chars <= 0 else max(1, round(chars / 4))

@@ -150,22 +150,3 @@ def apply_strategy(
             head = "\n\n".join(p for p in (system, extra) if p)
             out["prompt"] = f"{head}\n\n{prompt}" if head else prompt
     return out
-
-
-def message_text(body: dict[str, Any]) -> str:
-    """All text the caller sent (chat messages or a completion prompt), for token estimates."""
-    if "messages" in body:
-        out = []
-        for m in body.get("messages") or ():
-            content = m.get("content") if isinstance(m, dict) else None
-            if isinstance(content, str):
-                out.append(content)
-            elif isinstance(content, list):
-                out.extend(p.get("text", "") for p in content if isinstance(p, dict) and isinstance(p.get("text"), str))
-        return "\n".join(out)
-    prompt = body.get("prompt")
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list):
-        return "\n".join(p for p in prompt if isinstance(p, str))
-    return ""

@@ -29,7 +29,7 @@ from ablab.platform.gateway import protocol
 from ablab.platform.gateway.emit import event_unit_id
 from ablab.platform.gateway.metering import Measurement, exposure_event, inference_event, strategy_id
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
-from ablab.platform.sdk.rewrite import StrategyError, apply_strategy, message_text, strategy_problems
+from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
 from ablab.platform.gateway.stream import StreamMeter
 from ablab.platform.gateway.translators import translator_for
@@ -332,7 +332,7 @@ class _Call:
         prompt_tokens, output_tokens = translator_for(self.backend.kind).usage_tokens(usage)
         m = Measurement(
             start=self.start, end=end, first_token=first, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-            est_prompt_tokens=protocol.estimate_tokens(len(message_text(self.body))),
+            est_prompt_tokens=protocol.estimate_tokens(len(protocol.message_text(self.body))),
             est_output_tokens=chunks or protocol.estimate_tokens(out_chars), generated_chunks=chunks,
             itl_sum_s=itl[0], itl_max_s=itl[1], concurrency=concurrency, error=error, server_metrics=server_metrics,
         )

@@ -18,12 +18,12 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
-from ablab.platform.sdk.rewrite import apply_strategy
+from ablab.platform.gateway.rewrite import apply_strategy
 from ablab.platform.sdk.instrument import Call
 
 
 def _prompt_text(messages: Any) -> str:
-    from ablab.platform.sdk.rewrite import message_text
+    from ablab.platform.gateway.protocol import message_text
 
     return message_text({"messages": messages if isinstance(messages, list) else []})
 

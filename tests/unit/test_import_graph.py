@@ -68,6 +68,7 @@ PENDING = {
     # offline.read_events reads an events file: the same split moves the reading out (agg).
     ("ablab.platform.stats.offline", "pathlib"),
     ("ablab.platform.stats.offline", "pyarrow.json"),
+    ("ablab.platform.stats.offline", "pyarrow.parquet"),
     # synthetic.py writes events files for tests and benchmarks: it moves to the test support
     # (helper "hygiene", issue 21 item 4).
     ("ablab.platform.stats.synthetic", "pathlib"),

@@ -11,7 +11,7 @@ import sys
 import ablab.platform.sdk, ablab.platform.gateway.app, ablab.cli
 from ablab.platform.gateway.metering import strategy_id
 from ablab.platform.gateway.emit import schema_has_measures
-from ablab.platform.sdk.rewrite import strategy_problems
+from ablab.platform.gateway.rewrite import strategy_problems
 strategy_id({"params": {"temperature": 0.2}}); strategy_id({"cot_depth": 2}); schema_has_measures()
 strategy_problems({"compression": {"method": "entropy"}}, backends={}, templates={})
 print(sorted(m for m in ("torch", "pyflink", "chdb", "streamlit") if m in sys.modules))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ablab.platform.sdk.outbox import _parse, event_id_for
+from ablab.platform.gateway.outbox import _parse, event_id_for
 
 
 def test_a_whole_line_parses_with_nothing_skipped() -> None:

@@ -15,12 +15,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Number = float | None
-Interval = list[float | None]  # [low, high]; [null, null] where undefined
+Number = int | float | None  # an int stays an int (counts), as in the JSON
+Interval = list[int | float | None]  # [low, high]; [null, null] where undefined
 
 
 class _Shape(BaseModel):
-    # Attribute access for readers, mapping access kept for code that still indexes the dict.
+    # Attribute access for typed readers; the read-only mapping methods (get, [], in, keys,
+    # items) answer as the JSON object would, for code written against the dict.
     model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     def get(self, name: str, default: Any = None) -> Any:
@@ -37,6 +38,16 @@ class _Shape(BaseModel):
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and (name in type(self).model_fields or bool(self.model_extra and name in self.model_extra))
+
+    def keys(self) -> list[str]:
+        """The JSON object's keys (fields, then extras); with ``__getitem__``, ``dict(shape)`` works."""
+        return [*type(self).model_fields, *(self.model_extra or {})]
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(k, getattr(self, k)) for k in self.keys()]
+
+    def values(self) -> list[Any]:
+        return [getattr(self, k) for k in self.keys()]
 
 
 # ---------------------------------------------------------------- results

@@ -39,7 +39,6 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -400,8 +399,3 @@ def emitter_from_settings(*, name: str = "default", settings: Any = None, **over
     settings = settings or get_settings()
     return Emitter(config=EmitterConfig(bootstrap=settings.kafka_bootstrap, spool_dir=settings.home / "spool" / name,
                                         client_id=f"ablab-{name}", **overrides))
-
-
-def counters_as_metrics(counters: Mapping[str, int | bool], *, prefix: str = "ablab_emitter_") -> dict[str, float]:
-    """Flat ``name → value`` for Prometheus gauges/counters (the API exports them)."""
-    return {f"{prefix}{key}": float(value) for key, value in counters.items()}

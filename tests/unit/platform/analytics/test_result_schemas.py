@@ -114,3 +114,41 @@ def test_timeseries_and_attribution_shapes() -> None:
     assert attribution.pareto.points[0].get("e2e_ms") is not None  # the objectives ride as extra fields
     assert attribution.factors["b"]["precision"] == "int8" and attribution.factorial
     _same(attribution.model_dump(mode="json"), built)
+
+
+def test_the_engine_output_with_custom_metrics_validates_without_extras() -> None:
+    # the shapes name every field the engine writes: nothing falls into the open extras
+    from ablab.platform.stats.metrics import custom_columns
+
+    spec = parse_spec({
+        "key": "k", "variants": [{"key": "control", "strategy": {}}, {"key": "big", "strategy": {}}],
+        "metrics": {"primary": ["per_user"], "custom": [
+            {"name": "per_user", "type": "mean", "column": "e2e_ms", "aggregation": "unit_mean", "cuped": {"covariate": "pre_period"}},
+            {"name": "cost_per_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000}]},
+        "analysis": {"sequential": False},
+    })
+    rng = np.random.default_rng(5)
+    n = 600
+    frame: dict[str, list] = {c: [] for c in UNIT_COLUMNS}
+    for m in spec.custom:
+        for column in custom_columns(m).values():
+            frame[column] = []
+    variants = []
+    for v in ("control", "big"):
+        variants += [v] * n
+        y = (rng.poisson(3, n) + 1).astype(float)
+        level = rng.normal(900, 150, n)
+        for c in UNIT_COLUMNS:
+            frame[c].append(y if c == "requests" else np.zeros(n))
+        values = {"per_user": {"x": (level + rng.normal(0, 40, n)) * y, "y": y, "pre_x": level * 2, "pre_y": np.full(n, 2.0)},
+                  "cost_per_out": {"x": y * rng.gamma(5, 2e-4, n), "y": y * 100}}
+        for m in spec.custom:
+            for role, column in custom_columns(m).items():
+                frame[column].append(np.asarray(values[m.name][role], dtype=float))
+    units = {"variant": np.array(variants), **{k: np.concatenate(v) for k, v in frame.items()}}
+    built = analyze(spec=spec, stats=variant_stats_from_units(units, custom=spec.custom))
+    results = Results.model_validate(built)
+    treated = next(r for r in results.rows("per_user") if r.variant == "big")
+    assert treated.custom and treated.aggregation == "unit_mean" and treated.cuped is not None and treated.power is not None
+    assert not results.model_extra and not any(r.model_extra for r in results.metrics)
+    _same(results.model_dump(mode="json"), built)

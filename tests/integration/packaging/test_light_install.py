@@ -17,7 +17,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCES = ("platform", "streaming", "inference", "dashboards", "migrations", "pyproject.toml", "setup.py", "README.md")
+SOURCES = ("platform", "streaming", "inference", "dashboards", "migrations", "cli", "pyproject.toml", "setup.py", "README.md")
 HEAVY = ("torch", "pyflink", "chdb", "streamlit", "sqlalchemy", "pandas")
 
 

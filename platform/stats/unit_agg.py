@@ -389,11 +389,18 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
               AND (r.tpot_ms IS NULL OR r.tpot_ms >= 0)"""
     where = f"{valid} AND r.variant IN {{variants:Array(String)}}"
 
+    # only the columns the plan reads (a FINAL scan reads every column it is given)
+    needed = ["ts", "variant", "unit_id", "trace_id", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "error"]
+    needed += [f for f in ("prompt_tokens", "output_tokens", "device_s") if f in p.sources]
+    needed += ["measures"] if any(x.startswith(MEASURE_PREFIX) for x in p.sources) else []
+    needed += ["dims"] if p.segments else []
+    read = ", ".join(f"r.{c} AS {c}" for c in needed)
+
     def scan(period: str, extra: list[str]) -> str:
         cols = ", ".join([*exprs, *extra])
         cond = f"{where} AND {period}" if period != pre_period else f"{valid} AND {period}"
         return f"""SELECT r.variant AS variant, cityHash64({unit}) AS u, r.ts AS ts, {cols}
-            FROM (SELECT *, {good} AS good FROM raw_events AS r {fin} WHERE {cond}) AS r
+            FROM (SELECT {read}, {good} AS good FROM raw_events AS r {fin} WHERE {cond}) AS r
             {billing_join}
             {label_join}"""
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ablab.platform.stats.offline import ID_COLUMNS, COLUMNS, to_table
+from ablab.platform.stats.offline import ID_COLUMNS, to_table, wanted
 
 
 def read_events(path: str | Path) -> pa.Table:
@@ -23,7 +23,7 @@ def read_events(path: str | Path) -> pa.Table:
         # ids decoded straight to dictionary arrays: no million Python-visible strings, and
         # _encode skips a second hashing pass (0.5 s of the 1 M-row run)
         ids = [c for c in ID_COLUMNS if c in names and pa.types.is_string(schema.field(c).type)]
-        return pq.read_table(path, columns=[c for c in COLUMNS if c in names], read_dictionary=ids)
+        return pq.read_table(path, columns=[c for c in schema.names if wanted(c)], read_dictionary=ids)
     import pyarrow.json as pj
 
     try:

@@ -52,11 +52,16 @@ class OfflineAggregates:
     histograms: dict[str, dict[str, Any]] | None = None  # variant → key → HistogramStats
 
 
+def wanted(name: str) -> bool:
+    """A column the analysis reads (flat ``measures.<name>``/``dims.<name>`` columns included)."""
+    return name in COLUMNS or name.startswith((MEASURE_PREFIX, DIM_PREFIX))
+
+
 def to_table(events: Any) -> pa.Table:
     """An Arrow table from a table or a pandas frame (pandas is imported only by callers that use it)."""
     if isinstance(events, pa.Table):
         return events
-    keep = [c for c in COLUMNS if c in events.columns]
+    keep = [c for c in events.columns if wanted(c)]
     frame = events[keep].copy()
     for c in ("trace_id", "experiment", "variant", "unit_id", "type", "error"):
         if c in frame.columns and frame[c].dtype == object:

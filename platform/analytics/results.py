@@ -27,7 +27,6 @@ import numpy as np
 from ablab.platform.stats import unit_agg as ua
 from ablab.platform.stats.aggregates import VariantStats, variant_stats_from_units
 from ablab.platform.stats.engine import analyze
-from ablab.platform.stats.offline import segment_kwargs
 from ablab.platform.stats.spec import ExperimentSpec
 from ablab.platform.stats.sufficient import HistogramStats
 
@@ -183,7 +182,7 @@ def variant_stats(client: "Client", spec: ExperimentSpec) -> tuple[dict[str, Var
 
 
 def _analyze(spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
-    return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, **segment_kwargs(agg.segments))
+    return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments)
 
 
 def results(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:

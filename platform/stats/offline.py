@@ -356,14 +356,6 @@ def _exposures(spec, rows_mask, unit_codes, var_codes, var_labels) -> dict[str, 
 def analyze_events(events: Any, spec: ExperimentSpec) -> tuple[dict[str, Any], OfflineAggregates]:
     agg = aggregate_events(events, spec)
     result = analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, extra={"data_quality": agg.data_quality},
-                     **segment_kwargs(agg.segments))
+                     segments=agg.segments)
     return result, agg
 
-
-def segment_kwargs(segments: Any) -> dict[str, Any]:
-    """``segments=`` for :func:`.engine.analyze` where the engine takes it (and there are any)."""
-    import inspect
-
-    if segments is None or "segments" not in inspect.signature(analyze).parameters:
-        return {}
-    return {"segments": segments}

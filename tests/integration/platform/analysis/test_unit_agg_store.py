@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,40 +20,30 @@ import pandas as pd
 import pytest
 
 from ablab.platform.stats import unit_agg as ua
-from ablab.platform.stats.metrics import CustomMetric
-from ablab.platform.stats.offline import aggregate_events
+from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import ExperimentSpec, parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 
 pytestmark = pytest.mark.integration
 
-CUSTOM = (
-    CustomMetric("judge", "mean", column="score"),
-    CustomMetric("tools", "mean", column="measures.tool_calls", aggregation="unit_mean", cuped="pre_period"),
-    CustomMetric("tok_cost", "ratio", numerator="cost_usd", denominator="output_tokens", scale=1000),
-    CustomMetric("steps_p90", "quantile", column="measures.steps", quantile=0.9),
-    CustomMetric("judge_adj", "mean", column="score", cuped="e2e_ms"),
-)
+CUSTOM_YAML = [
+    {"name": "judge", "type": "mean", "column": "score"},
+    {"name": "tools", "type": "mean", "column": "measures.tool_calls", "aggregation": "unit_mean",
+     "cuped": {"covariate": "pre_period"}},
+    {"name": "tok_cost", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
+    {"name": "steps_p90", "type": "quantile", "column": "measures.steps", "quantile": 0.9},
+    {"name": "judge_adj", "type": "mean", "column": "score", "cuped": {"covariate": "e2e_ms"}},
+]
 START = "2026-12-01T00:00:00+00:00"
 
 
-def with_custom(spec: ExperimentSpec) -> ExperimentSpec:
-    """The spec with custom metrics and segments (a subclass until the parser carries them)."""
-    if hasattr(spec, "custom"):
-        from dataclasses import replace
-
-        return replace(spec, custom=CUSTOM, segments=("dims.domain", "dims.lang"))
-
-    @dataclass(frozen=True)
-    class Spec(ExperimentSpec):
-        custom: tuple = CUSTOM
-        segments: tuple = ("dims.domain", "dims.lang")
-
-    return Spec(**{f: getattr(spec, f) for f in spec.__dataclass_fields__})
-
-
 def spec_under_test() -> ExperimentSpec:
-    return with_custom(parse_spec(spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25}, start=START)))
+    data = spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25}, start=START)
+    data["metrics"] = {**(data.get("metrics") or {}), "custom": CUSTOM_YAML, "segments": ["dims.domain", "dims.lang"]}
+    return parse_spec(data)
+
+
+CUSTOM = spec_under_test().custom
 
 
 def make_events(seed: int = 3) -> pd.DataFrame:
@@ -100,7 +89,7 @@ CHILD = textwrap.dedent("""
     import json, pickle, sys
     import numpy as np
     from ablab.streaming.store import apply_ddl, make_client
-    from ablab.platform.analytics.results import aggregates_from_raw
+    from ablab.platform.analytics.results import aggregates_from_raw, results_from_raw
     from ablab.streaming.loader.rows import RAW_COLUMNS
 
     store, events_path, here = sys.argv[1:4]
@@ -128,7 +117,7 @@ CHILD = textwrap.dedent("""
                                                            for m, r in s.ratios.items()}}
                       for var, s in by_var.items()} for val, by_var in vals.items()} for d, vals in agg.segments.items()}
     hists = {v: {k: h.counts.tolist() for k, h in hs.items()} for v, hs in agg.histograms.items()}
-    print(json.dumps({"units": units, "segments": segs, "histograms": hists}))
+    print(json.dumps({"units": units, "segments": segs, "histograms": hists, "results": results_from_raw(client, spec)}))
 """)
 
 
@@ -178,3 +167,27 @@ def test_sql_and_numpy_renderings_agree(tmp_path):
                 for metric, r in stats.ratios.items():
                     np.testing.assert_allclose(s["ratios"][metric], [r.sum_x, r.sum_y, r.sum_x2, r.sum_y2, r.sum_xy],
                                                rtol=1e-9, atol=1e-9, err_msg=f"{dim}={value} {variant} {metric}")
+
+    # and the engine's output from both: every metric row (custom ones included) and the breakdown
+    want, _ = analyze_events(events, spec)
+    got = store["results"]
+    rows = {(r["metric"], r["variant"]): r for r in got["metrics"]}
+    assert set(rows) == {(r["metric"], r["variant"]) for r in want["metrics"]}
+    assert {r["metric"] for r in want["metrics"] if r.get("custom")} == {m.name for m in CUSTOM}
+    for w in want["metrics"]:
+        _close(rows[(w["metric"], w["variant"])], w, ("n", "estimate", "abs_diff", "rel_diff", "p_value"))
+    assert [s["dimension"] for s in got["segments"]] == [s["dimension"] for s in want["segments"]]
+    for g, w in zip(got["segments"], want["segments"]):
+        seg_rows = {(r["value"], r["metric"], r["variant"]): r for r in g["rows"]}
+        assert set(seg_rows) == {(r["value"], r["metric"], r["variant"]) for r in w["rows"]}
+        for r in w["rows"]:
+            _close(seg_rows[(r["value"], r["metric"], r["variant"])], r, ("n", "estimate", "abs_diff", "p_value", "p_value_adjusted"))
+        assert [h["flagged"] for h in g["heterogeneity"]] == [h["flagged"] for h in w["heterogeneity"]]
+
+
+def _close(got, want, names):
+    for name in names:
+        if want.get(name) is None:
+            assert got.get(name) is None, (want.get("metric"), name)
+        else:
+            assert got[name] == pytest.approx(want[name], rel=1e-6, abs=1e-12), (want.get("metric"), want.get("variant"), name)

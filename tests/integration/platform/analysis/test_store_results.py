@@ -23,7 +23,7 @@ CHILD = textwrap.dedent("""
     import pandas as pd
     from ablab.streaming.store import apply_ddl, make_client
     from ablab.platform.stats.spec import parse_spec
-    from ablab.platform.analytics.results import results_from_raw, results_from_rollup, sync_rollup
+    from ablab.platform.analytics.results import aggregates, results, results_from_raw, results_from_rollup, sync_rollup
     from ablab.streaming.store.rollup import backfill_from_raw
 
     store, events_path, spec_path = sys.argv[1:4]
@@ -46,7 +46,17 @@ CHILD = textwrap.dedent("""
     spec = parse_spec(json.load(open(spec_path)))
     backfill_from_raw(client)  # the lookup tables, as migration 0006 does for a store filled before it
     sync_rollup(client, spec)  # the maintenance step: unit_stats computed (results reads never write)
-    print(json.dumps({"raw": results_from_raw(client, spec), "rollup": results_from_rollup(client, spec)}))
+    out = {"raw": results_from_raw(client, spec), "rollup": results_from_rollup(client, spec)}
+    # a read never writes: under SLOs the rollup was not computed with, it scans raw_events
+    def written():
+        return [client.query(f"SELECT count() FROM {t}").result_rows[0][0] for t in ("unit_stats", "rollup_slos")]
+    before = written()
+    looser = parse_spec({**json.load(open(spec_path)), "slos": {"ttft_ms": 400}})
+    out["looser_source"] = aggregates(client, looser).source
+    out["looser"] = results(client, looser)
+    out["current_source"] = aggregates(client, spec).source
+    out["writes"] = [a - b for a, b in zip(written(), before)]
+    print(json.dumps(out))
 """)
 
 
@@ -70,6 +80,8 @@ def test_store_results_equal_offline_results(tmp_path):
     offline, _ = analyze_events(events, parse_spec(spec_data))
     for store in (both["raw"], both["rollup"]):
         _assert_same(store, offline)
+    assert both["writes"] == [0, 0] and both["looser_source"] == "raw" and both["current_source"] == "rollup"
+    _assert_same(both["looser"], analyze_events(events, parse_spec({**spec_data, "slos": {"ttft_ms": 400}}))[0])
 
 
 def _assert_same(store, offline):

@@ -45,6 +45,20 @@ def test_a_valid_inference_event_becomes_a_raw_row():
     assert json.loads(row["payload"])["trace_id"] == "t1"
 
 
+def test_measures_dims_and_a_score_only_label_reach_their_columns():
+    row = dict(zip(RAW_COLUMNS, _route("ablab.inference", _inference(
+        measures={"tool_calls": 3, "itl_ms": 4.5}, dims={"domain": "code"})).row))
+    assert row["measures"] == {"tool_calls": 3, "itl_ms": 4.5} and row["dims"] == {"domain": "code"}
+    plain = dict(zip(RAW_COLUMNS, _route("ablab.inference", _inference()).row))
+    assert plain["measures"] == {} and plain["dims"] == {}  # empty maps, never NULL
+    label = {"v": 1, "type": "feedback", "event_id": "f1", "ts": "2026-01-01T00:00:02Z", "trace_id": "t1", "score": 7.5,
+             "source": "judge"}
+    routed = _route("ablab.feedback", json.dumps(label).encode())
+    assert isinstance(routed, Routed), routed
+    row = dict(zip(RAW_COLUMNS, routed.row))
+    assert row["score"] == 7.5 and row["correct"] is None
+
+
 @pytest.mark.parametrize(
     ("value", "field", "text"),
     [

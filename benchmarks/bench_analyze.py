@@ -8,6 +8,9 @@
    migration 0006, which the loader maintains; filled here from the raw events as the
    migration does for a pre-existing store), the rollup step of a loader batch, and the
    raw scan with and without ``FINAL`` for comparison.
+3. The same store with three custom metrics (a judge score, a measure per user, a ratio)
+   and a breakdown by ``dims.domain`` (5 values): the raw scan of the per-unit plan
+   (``ablab.platform.stats.unit_agg``), with and without ``FINAL`` — goal ≤ 2 s.
 
 Usage: .venv/bin/python benchmarks/bench_analyze.py [--rows 1000000] [--store-rows 10000000] [--repeat 3]
 """

@@ -146,9 +146,13 @@ def _power_arm(spec: ExperimentSpec, m: AnyMetric, vs: VariantStats) -> tuple[tu
     return (est, var, units), rate
 
 
-def _power(spec: ExperimentSpec, m: AnyMetric, control: VariantStats, vs: VariantStats) -> dict[str, Any]:
+def _power(spec: ExperimentSpec, m: AnyMetric, control: VariantStats, vs: VariantStats, c: Comparison) -> dict[str, Any]:
     arm_c, rate_c = _power_arm(spec, m, control)
     arm_t, rate_t = _power_arm(spec, m, vs)
+    if c.ok and c.variance_reduction is not None and 0 < c.variance_reduction < 1:
+        # CUPED: the test runs on the adjusted values, whose variance is this much smaller
+        keep = 1 - c.variance_reduction
+        arm_c, arm_t = ((e, v * keep, n) for e, v, n in (arm_c, arm_t))
     return power_row(mde_rel=spec.mde_for(m.name), alpha=spec.alpha, control=arm_c, variant=arm_t, rates=(rate_c, rate_t))
 
 
@@ -244,7 +248,7 @@ def analyze(
                     row["estimate_cuped"] = c.variant
                 row.update(**_comparison_fields(c), method=c.method, error=c.error)
                 row["cuped"] = _cuped_report(spec, m, c, control, vs)
-                row["power"] = _power(spec, m, control, vs)
+                row["power"] = _power(spec, m, control, vs, c)
             if name == "accuracy":
                 cov = vs.ratios["coverage"]
                 row["coverage"] = cov.ratio

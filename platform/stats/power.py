@@ -7,9 +7,10 @@ units needed per variant (equal allocation) are
 
 where σ² is the *per-unit* variance of the metric in each arm, read off the data as
 Var(arm estimate) × units (for a request-level mean that is the delta-method variance of
-the unit-linearised value; for a quantile, the order-statistic variance). This is the
-normal approximation statsmodels' ``NormalIndPower`` solves (it also counts the far tail,
-a difference below 1e-6 at 80 % power). It is the fixed-horizon sample size: the always-
+the unit-linearised value; for a quantile, the order-statistic variance). That closed form
+ignores the test rejecting in the wrong direction; a few Newton steps on the exact
+two-sided power Φ(u − z) + Φ(−u − z) = 1 − β, u = δ √(n / (σ_c² + σ_t²)), then give what
+statsmodels' ``NormalIndPower`` solves. It is the fixed-horizon sample size: the always-
 valid (mSPRT) test the engine runs by default needs more, so a projection reached is the
 earliest a decision can come, not a promise. Pure.
 """
@@ -28,8 +29,19 @@ def n_per_variant(sigma2_control: float, sigma2_variant: float, delta: float, *,
     """Units per variant to detect an absolute difference ``delta`` (NaN when unknowable)."""
     if not (delta and math.isfinite(delta) and math.isfinite(sigma2_control) and math.isfinite(sigma2_variant)):
         return math.nan
-    z = _dist.norm_ppf(1 - alpha / 2) + _dist.norm_ppf(power)
-    return z * z * (sigma2_control + sigma2_variant) / (delta * delta)
+    z = _dist.norm_ppf(1 - alpha / 2)
+    u = z + _dist.norm_ppf(power)  # the closed form; Newton on the far tail's share
+    for _ in range(20):
+        f = _dist.norm_sf(z - u) + _dist.norm_sf(z + u) - power
+        step = f / (_pdf(u - z) - _pdf(u + z))
+        u -= step
+        if abs(step) < 1e-12:
+            break
+    return u * u * (sigma2_control + sigma2_variant) / (delta * delta)
+
+
+def _pdf(x: float) -> float:
+    return math.exp(-0.5 * x * x) / math.sqrt(2 * math.pi)
 
 
 def power_row(

@@ -86,7 +86,7 @@ def test_a_replayed_stream_equals_the_offline_computation(live_stack, tmp_path):
     events = [d.event for d in deliveries]
     _enrich(events)
     editor = stack.client("editor")
-    metrics = {**(experiment.get("metrics") or {}), **CUSTOM}
+    metrics = {"primary": experiment["metrics"]["primary"], **CUSTOM}
     editor.patch(f"/v1/experiments/{EXPERIMENT}", json={"metrics": metrics},
                  headers={"If-Match": f'"{experiment["version"]}"'}).raise_for_status()
     events_file = tmp_path / "replay.jsonl"

@@ -103,7 +103,7 @@ def aggregates_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool =
             histograms.setdefault(str(variant), {})[h.key] = HistogramStats.from_buckets(rows[f"h{j}"][m], rows[h.count_column][m])
     span = max(spans)  # the histogram sets span each variant; the widest is the experiment's span
     durations = {v.key: span for v in spec.variants} if span > 0 else None
-    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped)
+    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
     segments: Segments | None = None
     if plan.segments:
         segments = {}
@@ -112,7 +112,7 @@ def aggregates_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool =
             seg["segment"] = seg.pop(f"g{j}")
             ua.attach_pre(plan, seg, seg["unit_id"], pre)
             segments[f"dims.{dim}"] = {
-                value: variant_stats_from_units(rows_, cuped=spec.cuped) for value, rows_ in ua.split_segments(seg).items()
+                value: variant_stats_from_units(rows_, cuped=spec.cuped, custom=spec.custom) for value, rows_ in ua.split_segments(seg).items()
             }
     return StoreAggregates(stats, _exposures(client, spec, final=final), segments, "raw", units, histograms)
 
@@ -165,7 +165,7 @@ def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggre
         }
     span = (max(r[6] for r in per_variant) - min(r[5] for r in per_variant)) / 1000 if per_variant else 0.0
     durations = {v.key: span for v in spec.variants} if span > 0 else None
-    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped)
+    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
     return StoreAggregates(stats, _exposures(client, spec, final=False), None, "rollup", units, histograms)
 
 

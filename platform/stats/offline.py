@@ -291,7 +291,7 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
         )
     counts = np.bincount(reasons[bad], minlength=len(REJECT_REASONS))
     quality["rejected"] = {REJECT_REASONS[i]: int(c) for i, c in enumerate(counts) if i and c}
-    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped)
+    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
     return OfflineAggregates(units, stats, exposures, quality, rejected, segments, histograms)
 
 
@@ -338,7 +338,7 @@ def _segments(plan, table, values, keep, var_codes, var_labels, unit, pre, spec)
         ua.attach_pre(plan, rows, rows["_unit"], pre)
         rows["unit_id"] = rows.pop("_unit")
         out[DIM_PREFIX + dim] = {
-            value: variant_stats_from_units(part, cuped=spec.cuped) for value, part in ua.split_segments(rows).items()
+            value: variant_stats_from_units(part, cuped=spec.cuped, custom=spec.custom) for value, part in ua.split_segments(rows).items()
         }
     return out
 

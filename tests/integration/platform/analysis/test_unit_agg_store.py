@@ -174,6 +174,8 @@ def test_sql_and_numpy_renderings_agree(tmp_path):
     rows = {(r["metric"], r["variant"]): r for r in got["metrics"]}
     assert set(rows) == {(r["metric"], r["variant"]) for r in want["metrics"]}
     assert {r["metric"] for r in want["metrics"] if r.get("custom")} == {m.name for m in CUSTOM}
+    assert all(r["n"] > 0 and r["estimate"] is not None for r in want["metrics"] if r.get("custom")), \
+        [(r["metric"], r["variant"], r["n"]) for r in want["metrics"] if r.get("custom")]
     for w in want["metrics"]:
         _close(rows[(w["metric"], w["variant"])], w, ("n", "estimate", "abs_diff", "rel_diff", "p_value"))
     assert [s["dimension"] for s in got["segments"]] == [s["dimension"] for s in want["segments"]]

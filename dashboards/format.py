@@ -11,15 +11,13 @@ from typing import Any
 
 import pandas as pd
 
+from ablab.platform import fields
+
 # metric → (label, unit kind); the unit kind picks the formatter.
+# metric → (label, unit kind); the unit kind picks the formatter. Measured fields and their
+# window percentiles are labelled in the field catalogue; derived metrics here.
 METRIC_LABELS: dict[str, tuple[str, str]] = {
-    "e2e_ms": ("Latency (mean)", "ms"),
-    "e2e_ms_p95": ("Latency p95", "ms"),
-    "e2e_ms_p99": ("Latency p99", "ms"),
-    "ttft_ms": ("TTFT (mean)", "ms"),
-    "ttft_ms_p95": ("TTFT p95", "ms"),
-    "ttft_ms_p99": ("TTFT p99", "ms"),
-    "tpot_ms": ("TPOT (mean)", "ms"),
+    **fields.labels(),
     "accuracy": ("Accuracy", "pct"),
     "cost_usd": ("Cost per request", "usd"),
     "cost_per_correct": ("Cost per correct answer", "usd"),

@@ -22,7 +22,7 @@ RAW_COLUMNS = (
     "event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id",
     "ttft_ms", "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd",
     "price_version", "error", "strategy", "correct", "score", "source", "payload",
-    "kafka_partition", "kafka_offset",
+    "measures", "dims", "kafka_partition", "kafka_offset",
 )
 WINDOW_COLUMNS = (
     "experiment", "variant", "window_start", "window_end", "n", "errors",
@@ -120,7 +120,7 @@ def raw_event_row(event: Any, *, payload: bytes, partition: int, offset: int) ->
         get("ttft_ms"), get("e2e_ms"), get("tpot_ms"), get("prompt_tokens"), get("output_tokens"),
         get("device_s"), get("cost_usd"), get("price_version") or "", get("error"), get("strategy") or "",
         get("correct"), get("score"), get("source") or "", payload.decode("utf-8", errors="replace"),
-        partition, offset,
+        get("measures") or {}, get("dims") or {}, partition, offset,
     )
 
 

@@ -13,10 +13,11 @@ this table), the Flink source, screening and window columns, the ClickHouse tabl
 loader's column tuples, the timeseries maps and the dashboard labels. Adding a field is one
 entry here plus the migration and the SQL the checks then ask for.
 
-Window statistics have one naming scheme, :func:`window_column`: ``<window>_<stat>`` where
-``<window>`` is the field's window name and ``<stat>`` one of ``sum``, ``sumsq``, ``n``,
-``p50``, ``p95``, ``p99``. Per-unit columns are ``<field>_sum``, ``<field>_n``,
-``<field>_sq`` (``ablab.platform.stats.metrics``).
+Statistics have one naming scheme: ``<field>_<stat>``, the field's full name and the
+statistic (``e2e_ms_sum``, ``e2e_ms_sumsq``, ``tpot_ms_n``, ``e2e_ms_p95``), in the window
+table (:func:`window_column`), the timeseries metrics and the per-unit rollup
+(``e2e_ms_sum``, ``e2e_ms_n``; ``ablab.platform.stats.metrics``). Migration 0012 renamed the
+window table's older short names (:data:`LEGACY_WINDOW_NAMES`).
 
 Pure declarations: no I/O, no imports from the streaming or storage layers.
 """
@@ -47,9 +48,8 @@ class Field:
     """One measured field.
 
     ``window``: statistics the Flink job emits per 10 s window and variant (empty: not
-    windowed). ``window_name``: the prefix of those columns. ``window_count``: the count
-    its mean divides by (``n`` = every request; the field's own ``<window>_n`` when it may
-    be absent). ``unit``: per-unit statistics of the rollup (empty: not rolled up).
+    windowed), named by :func:`window_column`. ``window_count``: the count its mean divides
+    by (``n`` = every request; the field's own ``<field>_n`` when it may be absent). ``unit``: per-unit statistics of the rollup (empty: not rolled up).
     ``nullable``: the field may be absent on an event that carries it.
     """
 
@@ -64,7 +64,6 @@ class Field:
     label: str
     unit_kind: str  # the dashboard formatter: ms, usd, num, pct
     window: tuple[WindowStat, ...] = ()
-    window_name: str = ""
     window_count: str = "n"
     per_unit: tuple[UnitStat, ...] = ()
     slo: bool = False
@@ -83,21 +82,21 @@ _SUMS: tuple[WindowStat, ...] = ("sum", "sumsq")
 
 FIELDS: Mapping[str, Field] = MappingProxyType({f.name: f for f in (
     Field("e2e_ms", "float", "ms", "lower", 0.0, DAY_S * 1000, _LATENCY, ("inference", "rum"),
-          "Latency (mean)", "ms", window=(*_SUMS, *WINDOW_QUANTILES), window_name="e2e",
+          "Latency (mean)", "ms", window=(*_SUMS, *WINDOW_QUANTILES),
           per_unit=("sum", "n", "sq"), slo=True, late=True, flink=True),
     Field("ttft_ms", "float", "ms", "lower", 0.0, DAY_S * 1000, _LATENCY, ("inference",),
-          "TTFT (mean)", "ms", window=(*_SUMS, *WINDOW_QUANTILES), window_name="ttft",
+          "TTFT (mean)", "ms", window=(*_SUMS, *WINDOW_QUANTILES),
           per_unit=("sum", "n", "sq"), slo=True, late=True, flink=True),
     Field("tpot_ms", "float", "ms", "lower", 0.0, DAY_S * 1000, "a token takes at most a day", ("inference",),
-          "TPOT (mean)", "ms", window=("n", *_SUMS), window_name="tpot", window_count="tpot_n",
+          "TPOT (mean)", "ms", window=("n", *_SUMS), window_count="tpot_ms_n",
           per_unit=("sum", "n"), slo=True, nullable=True, late=True, flink=True),
     Field("cost_usd", "float", "USD", "lower", 0.0, MAX_COST_USD, f"one cost record is at most {MAX_COST_USD:,.0f} USD",
-          ("inference", "cost"), "Cost per request", "usd", window=_SUMS, window_name="cost",
+          ("inference", "cost"), "Cost per request", "usd", window=_SUMS,
           per_unit=("sum",), late=True, flink=True),
     Field("prompt_tokens", "int", "tokens", "none", 0, MAX_TOKENS, "no context holds more than 10 M tokens",
-          ("inference",), "Prompt tokens", "num", window=_SUMS, window_name="prompt_tokens", late=True, flink=True),
+          ("inference",), "Prompt tokens", "num", window=_SUMS, late=True, flink=True),
     Field("output_tokens", "int", "tokens", "none", 0, MAX_TOKENS, "no request generates more than 10 M tokens",
-          ("inference",), "Output tokens", "num", window=_SUMS, window_name="output_tokens", late=True, flink=True),
+          ("inference",), "Output tokens", "num", window=_SUMS, late=True, flink=True),
     Field("device_s", "float", "s", "lower", 0.0, DAY_S, "a request holds a device for at most a day",
           ("inference",), "Device time", "num"),
     Field("score", "float", "", "higher", -1e9, 1e9, "a label score is a bounded grade", ("feedback",),
@@ -116,7 +115,7 @@ def window_column(name: str, stat: WindowStat) -> str:
     f = FIELDS[name]
     if stat not in f.window:
         raise KeyError(f"{name} has no window statistic {stat!r}; it has {', '.join(f.window) or 'none'}")
-    return f"{f.window_name}_{stat}"
+    return f"{name}_{stat}"
 
 
 def unit_column(name: str, stat: UnitStat) -> str:
@@ -125,6 +124,16 @@ def unit_column(name: str, stat: UnitStat) -> str:
         raise KeyError(f"{name} has no per-unit statistic {stat!r}")
     return f"{name}_{stat}"
 
+
+LEGACY_WINDOW_NAMES: Mapping[str, str] = MappingProxyType({
+    **{f"{short}_{stat}": f"{name}_{stat}"
+       for short, name in (("e2e", "e2e_ms"), ("ttft", "ttft_ms"))
+       for stat in ("sum", "sumsq", "p50", "p95", "p99")},
+    **{f"tpot_{stat}": f"tpot_ms_{stat}" for stat in ("n", "sum", "sumsq")},
+    **{f"cost_{stat}": f"cost_usd_{stat}" for stat in ("sum", "sumsq")},
+})
+"""Window-statistic names before migration 0012 → today's. The loader still reads a window
+record written by a job started before the upgrade."""
 
 WINDOWED: tuple[Field, ...] = tuple(f for f in FIELDS.values() if f.window)
 WINDOW_KEY = ("experiment", "variant", "window_start", "window_end")

@@ -2,7 +2,8 @@
 
 Input rows carry the window table's columns (``migrations/clickhouse/0002_window_stats``
 as returned by ``ablab.streaming.store.queries.window_rows``): ``variant, window_start,
-n, errors, e2e_sum, e2e_sumsq, …, e2e_p95, …, labeled, correct``. Each point has the
+n, errors, e2e_ms_sum, e2e_ms_sumsq, …, e2e_ms_p95, …, labeled, correct``;
+column names from ``ablab.platform.fields``. Each point has the
 window's own value and CI, and the running (cumulative) value, which is what a
 sequential test looks at after every window. Window percentiles do not merge, so
 quantile metrics have no cumulative value. Each point also says how many of the window's
@@ -29,7 +30,7 @@ WINDOW_S = 10
 # per window at query time (store/queries.py), labels likewise.
 MEAN_COLUMNS = {
     **timeseries_mean_columns(),
-    "rum_e2e_ms": ("rum_n", "rum_e2e_sum", "rum_e2e_sumsq"),
+    "rum_e2e_ms": ("rum_n", "rum_e2e_ms_sum", "rum_e2e_ms_sumsq"),
 }
 PROPORTION_COLUMNS = {"error_rate": ("n", "errors"), "accuracy": ("labeled", "correct")}
 QUANTILE_COLUMNS = timeseries_quantile_columns()

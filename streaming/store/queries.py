@@ -64,12 +64,12 @@ def variant_unit_aggregates(client: "Client", *, experiment: str) -> list[dict[s
         SELECT i.variant AS variant, i.unit_id AS unit_id,
                count() AS n,
                countIf(i.error IS NOT NULL) AS errors,
-               sum(i.e2e_ms) AS e2e_sum, sum(i.e2e_ms * i.e2e_ms) AS e2e_sumsq,
-               sum(i.ttft_ms) AS ttft_sum, sum(i.ttft_ms * i.ttft_ms) AS ttft_sumsq,
-               countIf(i.tpot_ms IS NOT NULL) AS tpot_n,
-               sumOrDefault(assumeNotNull(i.tpot_ms)) AS tpot_sum,
-               sumOrDefault(assumeNotNull(i.tpot_ms) * assumeNotNull(i.tpot_ms)) AS tpot_sumsq,
-               sum(i.cost_usd) AS cost_sum, sum(i.cost_usd * i.cost_usd) AS cost_sumsq,
+               sum(i.e2e_ms) AS e2e_ms_sum, sum(i.e2e_ms * i.e2e_ms) AS e2e_ms_sumsq,
+               sum(i.ttft_ms) AS ttft_ms_sum, sum(i.ttft_ms * i.ttft_ms) AS ttft_ms_sumsq,
+               countIf(i.tpot_ms IS NOT NULL) AS tpot_ms_n,
+               sumOrDefault(assumeNotNull(i.tpot_ms)) AS tpot_ms_sum,
+               sumOrDefault(assumeNotNull(i.tpot_ms) * assumeNotNull(i.tpot_ms)) AS tpot_ms_sumsq,
+               sum(i.cost_usd) AS cost_usd_sum, sum(i.cost_usd * i.cost_usd) AS cost_usd_sumsq,
                countIf(l.trace_id != '') AS labeled,
                sumIf(l.label_correct, l.trace_id != '') AS correct
         FROM ({_INFERENCE}) AS i
@@ -79,8 +79,8 @@ def variant_unit_aggregates(client: "Client", *, experiment: str) -> list[dict[s
     """
     rows = _rows(client, sql, {"experiment": experiment})
     for row in rows:
-        row["tpot_sum"] = float(row["tpot_sum"]) if row["tpot_n"] else 0.0
-        row["tpot_sumsq"] = float(row["tpot_sumsq"]) if row["tpot_n"] else 0.0
+        row["tpot_ms_sum"] = float(row["tpot_ms_sum"]) if row["tpot_ms_n"] else 0.0
+        row["tpot_ms_sumsq"] = float(row["tpot_ms_sumsq"]) if row["tpot_ms_n"] else 0.0
         row["correct"] = int(row["correct"] or 0)
     return rows
 
@@ -162,14 +162,15 @@ def window_rows(
         SELECT w.experiment AS experiment, w.variant AS variant, w.window_start AS window_start,
                w.window_end AS window_end, w.n AS n, w.late_n AS late_n, w.errors AS errors,
                {_WINDOW_VALUES},
-               r.n AS rum_n, r.e2e_sum AS rum_e2e_sum, r.e2e_sumsq AS rum_e2e_sumsq, r.e2e_p95 AS rum_e2e_p95,
+               r.n AS rum_n, r.e2e_ms_sum AS rum_e2e_ms_sum, r.e2e_ms_sumsq AS rum_e2e_ms_sumsq,
+               r.e2e_ms_p95 AS rum_e2e_ms_p95,
                f.labeled AS labeled, f.correct AS correct,
                w.emitted_at AS emitted_at, w.loaded_at AS loaded_at
         FROM ({_WINDOWS_WITH_LATE}) AS w
         LEFT JOIN (
             SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
-                   count() AS n, sum(c.e2e_ms) AS e2e_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_sumsq,
-                   quantileExactInclusive(0.95)(c.e2e_ms) AS e2e_p95
+                   count() AS n, sum(c.e2e_ms) AS e2e_ms_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_ms_sumsq,
+                   quantileExactInclusive(0.95)(c.e2e_ms) AS e2e_ms_p95
             FROM ({_INFERENCE_IN_RANGE}) AS i INNER JOIN ({_RUM}) AS c ON c.trace_id = i.trace_id
             GROUP BY variant, window_start
         ) AS r ON r.variant = w.variant AND r.window_start = w.window_start

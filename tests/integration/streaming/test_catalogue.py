@@ -57,12 +57,12 @@ def test_every_table_agrees_with_the_catalogue(described: dict[str, dict[str, st
 def test_the_table_check_fails_when_a_table_disagrees(described: dict[str, dict[str, str]]) -> None:
     wrong = {table: dict(columns) for table, columns in described.items()}
     wrong["raw_events"]["score"] = "Nullable(UInt8)"
-    del wrong["window_stats"]["tpot_sumsq"]
+    del wrong["window_stats"]["tpot_ms_sumsq"]
     wrong["late_events"]["device_s"] = "Nullable(Float64)"
     del wrong["unit_stats"]["e2e_ms_sq"]
     problems = _problems(wrong)
     assert len(problems) == 4, problems
     assert any("raw_events.score: type Nullable(UInt8)" in p for p in problems)
-    assert any("window_stats: missing column tpot_sumsq" in p for p in problems)
+    assert any("window_stats: missing column tpot_ms_sumsq" in p for p in problems)
     assert any("late_events: column device_s is not in the field catalogue" in p for p in problems)
     assert any("unit_stats: missing column e2e_ms_sq" in p for p in problems)

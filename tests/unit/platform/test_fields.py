@@ -34,9 +34,9 @@ def test_flink_sources_and_sinks_agree_with_the_catalogue() -> None:
 @pytest.mark.parametrize(
     ("old", "new", "complaint"),
     [
-        ("e2e_sumsq DOUBLE,", "e2e_sumsq BIGINT,", "inference_window_sink.e2e_sumsq: type BIGINT"),
-        ("ttft_p99 DOUBLE,", "", "inference_window_sink: missing column ttft_p99"),
-        ("cost_sumsq DOUBLE,", "cost_sumsq DOUBLE, cost_p95 DOUBLE,", "column cost_p95 is not in the field catalogue"),
+        ("e2e_ms_sumsq DOUBLE,", "e2e_ms_sumsq BIGINT,", "inference_window_sink.e2e_ms_sumsq: type BIGINT"),
+        ("ttft_ms_p99 DOUBLE,", "", "inference_window_sink: missing column ttft_ms_p99"),
+        ("cost_usd_sumsq DOUBLE,", "cost_usd_sumsq DOUBLE, cost_usd_p95 DOUBLE,", "column cost_usd_p95 is not in the field catalogue"),
         ("    output_tokens BIGINT,\n", "", "inference_events: missing column output_tokens"),
     ],
 )
@@ -67,13 +67,13 @@ def test_loader_column_tuples_agree_with_the_catalogue() -> None:
 
 def test_the_column_check_fails_on_a_wrong_list() -> None:
     kind, expected = fields.clickhouse_expected()["window_stats"]
-    actual = {**expected, "e2e_ms_sum": "Float64"}
-    del actual["ttft_sumsq"]
+    actual = {**expected, "e2e_sum": "Float64"}
+    del actual["ttft_ms_sumsq"]
     actual["n"] = "UInt32"
     problems = mismatches("window_stats", kind, expected, actual)
     assert len(problems) == 3
-    assert any("missing column ttft_sumsq" in p for p in problems)
-    assert any("e2e_ms_sum is not in the field catalogue" in p for p in problems)
+    assert any("missing column ttft_ms_sumsq" in p for p in problems)
+    assert any("e2e_sum is not in the field catalogue" in p for p in problems)
     assert any("window_stats.n: type UInt32" in p for p in problems)
 
 
@@ -103,7 +103,7 @@ def test_timeseries_maps_and_dashboard_labels_come_from_the_catalogue() -> None:
     from ablab.platform.stats import timeseries
 
     for f in fields.WINDOWED:
-        assert timeseries.MEAN_COLUMNS[f.name][1:] == (f"{f.window_name}_sum", f"{f.window_name}_sumsq")
+        assert timeseries.MEAN_COLUMNS[f.name][1:] == (f"{f.name}_sum", f"{f.name}_sumsq")
     assert set(timeseries.QUANTILE_COLUMNS) == {"e2e_ms_p50", "e2e_ms_p95", "e2e_ms_p99",
                                                  "ttft_ms_p50", "ttft_ms_p95", "ttft_ms_p99"}
     for metric in (*timeseries.TIMESERIES_METRICS, *FIELDS):
@@ -114,7 +114,29 @@ def test_timeseries_maps_and_dashboard_labels_come_from_the_catalogue() -> None:
 def test_window_column_names_follow_one_scheme() -> None:
     for f in fields.WINDOWED:
         for stat in f.window:
-            assert fields.window_column(f.name, stat) == f"{f.window_name}_{stat}"
+            assert fields.window_column(f.name, stat) == f"{f.name}_{stat}"
     with pytest.raises(KeyError, match="no window statistic"):
         fields.window_column("device_s", "sum")
     assert fields.SLO_FIELDS == ("e2e_ms", "ttft_ms", "tpot_ms")
+
+
+def test_migration_0012_renames_every_legacy_window_name() -> None:
+    from ablab.streaming.store.ddl import migration_files
+
+    [migration] = [m for m in migration_files() if m.version == 12]
+    renames = dict(re.findall(r"RENAME COLUMN IF EXISTS (\w+) TO (\w+)", migration.sql))
+    assert renames == dict(fields.LEGACY_WINDOW_NAMES)
+    assert set(renames.values()) <= set(fields.WINDOW_COLUMNS)
+
+
+def test_the_loader_reads_a_window_record_under_the_names_before_0012() -> None:
+    import json
+
+    new = {name: 1 for name in fields.WINDOW_COLUMNS if name not in fields.WINDOW_KEY and name != "emitted_at"}
+    record = {"kind": "inference", "experiment": "e", "variant": "a", "window_start": "2026-01-01T00:00:00Z",
+              "window_end": "2026-01-01T00:00:10Z", "emitted_at": "2026-01-01T00:00:11Z",
+              **{old: 1 for old in fields.LEGACY_WINDOW_NAMES},
+              **{k: v for k, v in new.items() if k not in fields.LEGACY_WINDOW_NAMES.values()}}
+    routed = rows.route(topic="w", value=json.dumps(record).encode(), partition=0, offset=0, windows_topic="w")
+    assert isinstance(routed, rows.Routed), routed
+    assert routed.table == "window_stats" and len(routed.row) == len(fields.WINDOW_COLUMNS)

@@ -38,7 +38,7 @@ LATE_COLUMNS = (
 STORE_TS_MIN = datetime(1900, 1, 1, tzinfo=UTC)
 STORE_TS_MAX = datetime(2299, 12, 31, tzinfo=UTC)
 STORE_ABS_MAX = 1e150
-_NUMERIC_RAW = ("ttft_ms", "e2e_ms", "tpot_ms", "device_s", "cost_usd", "score")
+_NUMERIC_RAW = tuple(f.name for f in fields.FIELDS.values() if f.type == "float")  # ints are bounded by the schema
 DEFAULT_MAX_FUTURE_S = 300.0
 """Default of how far ahead of the loader's clock an event time may be (the Flink job's
 ``max_future_s`` is the same bound)."""

@@ -121,3 +121,48 @@ def test_an_older_result_without_the_new_fields_shows_nothing_new() -> None:
     old = {"alpha": 0.05, "metrics": [{"metric": "e2e_ms", "variant": "fast", "n": 3, "estimate": 1.0}]}
     assert fmt.cuped_table(old).empty and fmt.power_table(old).empty and fmt.segment_tables(old) == []
     assert charts.cuped_frame(old).empty
+
+
+def test_the_sections_render_real_engine_output() -> None:
+    """The engine's own output (CUPED on a pre-period, power, a segment breakdown with a
+    planted heterogeneous effect) goes through every new table and chart."""
+    import numpy as np
+
+    from ablab.platform.stats.aggregates import variant_stats_from_units
+    from ablab.platform.stats.engine import analyze
+    from ablab.platform.stats.metrics import UNIT_COLUMNS, custom_columns
+    from ablab.platform.stats.spec import parse_spec
+
+    spec = parse_spec({
+        "key": "k", "variants": [{"key": "control"}, {"key": "treat"}],
+        "metrics": {"custom": [{"name": "judge", "type": "mean", "column": "score", "aggregation": "unit_mean",
+                                "cuped": {"covariate": "pre_period"}}],
+                    "primary": ["judge"], "report": ["judge"], "segments": ["dims.domain"]},
+        "analysis": {"sequential": False},
+    })
+    cols = custom_columns(spec.custom[0])
+    rng = np.random.default_rng(11)
+
+    def units(n: int, lift: float) -> dict:
+        out = {"variant": np.array(["control"] * n + ["treat"] * n), **{c: np.zeros(2 * n) for c in UNIT_COLUMNS}}
+        y = (rng.poisson(3, 2 * n) + 1).astype(float)
+        base = rng.normal(10, 2, 2 * n)
+        mean = base + np.r_[np.zeros(n), np.full(n, 10 * lift)] + rng.normal(0, 0.5, 2 * n)
+        out[cols["x"]], out[cols["y"]] = mean * y, y
+        out[cols["pre_x"]], out[cols["pre_y"]] = base * y, y
+        return out
+
+    segments = {"dims.domain": {v: variant_stats_from_units(units(400, lift), custom=spec.custom)
+                                for v, lift in {"code": 0.2, "chat": 0.0, "math": 0.0}.items()}}
+    stats = variant_stats_from_units(units(1200, 0.05), custom=spec.custom)
+    result = analyze(spec=spec, stats=stats, segments=segments)
+
+    cuped = fmt.cuped_table(result)
+    assert len(cuped) == 1 and cuped.iloc[0]["Covariate"] == "pre_period"
+    assert cuped.iloc[0]["Variance reduction"] not in ("—", "0.0%")
+    assert not fmt.power_table(result).empty
+    [(dimension, rows, het)] = fmt.segment_tables(result)
+    assert dimension == "dims.domain" and set(rows["Segment"]) == {"code", "chat", "math"}
+    assert list(het["Effect differs by segment"]) == ["🚩 yes"]
+    assert charts.segment_chart(result["segments"][0], "judge").to_dict()
+    assert charts.cuped_chart(result).to_dict()

@@ -114,7 +114,7 @@ def test_a_replayed_stream_equals_the_offline_computation(live_stack, tmp_path):
     assert sum(p["late"] for p in e2e.values()) > 0  # the stragglers were late, and are folded in
     for key, row in expected.items():
         assert e2e[key]["n"] == row["n"], key
-        for points, column in ((e2e, "e2e_sum"), (ttft, "ttft_sum"), (cost, "cost_sum")):
+        for points, column in ((e2e, "e2e_ms_sum"), (ttft, "ttft_ms_sum"), (cost, "cost_usd_sum")):
             assert math.isclose(points[key]["n"] * points[key]["value"], row[column], rel_tol=1e-9), (key, column)
         assert accuracy[key]["n"] == row.get("labeled", 0), key
         if row.get("labeled"):

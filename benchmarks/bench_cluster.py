@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_flink  # noqa: E402 - the pre-fill and the mini-cluster runner
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+import bench_flink  # the pre-fill and the mini-cluster runner
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -48,7 +46,7 @@ def _cpu_seconds(pids: list[int]) -> float:
 def run_on_cluster(prefix: str, bootstrap: str, workdir: Path, flink) -> dict:  # noqa: ANN001 - a FlinkClusterConfig
     from ablab.streaming.flink import cluster as flink_cluster
     from ablab.streaming.flink import rest
-    from ablab.streaming.flink.harness import PipelineTopics, job_config
+    from ablab_testing.pipeline import PipelineTopics, job_config
 
     status = flink_cluster.cluster_status(directory=flink.directory)
     pids = [status.jobmanager, *status.taskmanagers.values()]
@@ -81,7 +79,7 @@ def main() -> None:
 
     from ablab.streaming.flink import cluster as flink_cluster
     from ablab.streaming.localhost import server_ports
-    from ablab.streaming.flink.harness import PipelineTopics
+    from ablab_testing.pipeline import PipelineTopics
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     print(f"work dir {workdir}", flush=True)

@@ -58,6 +58,8 @@ import time
 import uuid
 from pathlib import Path
 
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
 
@@ -238,7 +240,7 @@ def _jvm_cpu_seconds() -> float:
 def child(args: argparse.Namespace) -> None:
     """Run one variant on one topic and print one JSON line with its timings."""
     from ablab.streaming.flink import job
-    from ablab.streaming.flink.harness import PipelineTopics, job_config
+    from ablab_testing.pipeline import PipelineTopics, job_config
 
     transform, extra, parallelism, _ = variant_spec(args.child)
     topics = PipelineTopics(args.prefix)
@@ -321,7 +323,7 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
 
-    from ablab.streaming.flink.harness import PipelineTopics
+    from ablab_testing.pipeline import PipelineTopics
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-flink-"))
     print(f"work dir {workdir}", flush=True)

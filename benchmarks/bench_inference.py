@@ -19,6 +19,8 @@ import sys
 import time
 from dataclasses import asdict
 
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 import torch
 
 
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     torch.set_num_threads(args.threads)
 
-    from ablab.inference import benchmark as b
+    from ablab_testing import inference_bench as b
     from ablab.inference import tasks
     from ablab.inference.evaluate import accuracy
     from ablab.inference.runtime.executor import RuntimeConfig

@@ -1,6 +1,12 @@
-"""Test helpers shared across test folders: a real SQL database and a real API process.
+"""Support shared by the tests and the benchmarks; none of it ships in the wheel.
 
-Imported by ``tests/conftest.py`` and by tests (``from ablab_testing import start_api``).
+This package holds a real SQL database and a real API process (here), a whole pipeline
+on one machine (:mod:`.pipeline`), the offline computation of the Flink job
+(:mod:`.flink_reference`), the cluster fault drill (:mod:`.cluster_drill`), a seeder of
+the dashboard's store (:mod:`.dashboard_seed`), the inference strategy benchmark
+(:mod:`.inference_bench`), and the chDB and loader fixtures of the tests
+(:mod:`.store`). ``tests/`` is on the import path through pytest's ``pythonpath``
+setting and, for the benchmarks, through ``benchmarks/_path.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +25,13 @@ import pytest
 from ablab.streaming.localhost import server_ports  # noqa: F401 - tests import it from here
 
 ABLAB = str(Path(sys.executable).with_name("ablab"))
+TESTS_DIR = Path(__file__).resolve().parent.parent
+
+
+def support_env(**extra: str) -> dict[str, str]:
+    """The environment of a child process that imports ``ablab_testing``."""
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def free_port() -> int:
@@ -38,8 +51,8 @@ def closed_port() -> int:
 def run_child(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``script`` with ``python -c`` (a fresh process: chDB allows one store per process);
     it can ``import ablab_testing``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
+                          env=support_env())
 
 
 RAW_FRAME_COLUMNS = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",

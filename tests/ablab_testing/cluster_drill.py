@@ -1,6 +1,6 @@
 """The cluster fault drill: a canned stream through a Kafka cluster and a Flink session
 cluster while one broker and one TaskManager are killed; every window must still equal
-the offline computation (:mod:`ablab.streaming.flink.reference`).
+the offline computation (:mod:`ablab_testing.flink_reference`).
 
 Real parts only: N KRaft brokers (:func:`ablab.streaming.kafka.broker.start_cluster`),
 a JobManager and TaskManagers (:mod:`ablab.streaming.flink.cluster`) running the job
@@ -22,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from ablab.streaming.flink import cluster as flink_cluster
-from ablab.streaming.flink import reference as ref
 from ablab.streaming.flink import rest
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer, job_config, wait_for
 from ablab.streaming.kafka import broker
 from ablab.streaming.localhost import server_ports
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.pipeline import PipelineTopics, RawProducer, job_config, wait_for
 
 EXPERIMENT = "drill"
 OUT_OF_ORDERNESS_MS = 2000

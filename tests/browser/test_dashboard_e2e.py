@@ -8,7 +8,6 @@ installs chromium when it is missing).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -30,10 +29,10 @@ FORM_KEY = "int8-rollout"
 
 
 def _seed(home: Path, key: str, design: str, requests: int, units: int) -> None:
-    subprocess.run([sys.executable, "-m", "ablab.dashboards.testing", "--home", str(home), "--experiment", key,
-                    "--design", design, "--requests", str(requests), "--units", str(units),
-                    "--begin-in-s", "600"],  # results count events after the start, which comes later
-                   check=True, capture_output=True, text=True, timeout=300)
+    from ablab_testing.dashboard_seed import seed_in_child
+
+    # results count events after the experiment's start, which comes later
+    seed_in_child(home=home, experiment=key, design=design, requests=requests, units=units, begin_in_s=600)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +41,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
         if os.environ.get("CI"):
             pytest.fail("/usr/bin/chromium is missing; .ci/run installs it with scripts/browser-deps.sh")
         pytest.skip("Debian chromium not installed (run scripts/browser-deps.sh)")
-    from ablab.dashboards.testing import experiment_body
+    from ablab_testing.dashboard_seed import experiment_body
 
     home = tmp_path_factory.mktemp("e2e-home")
     _seed(home, FORM_KEY, "pair", 8000, 2000)  # the experiment the browser will create

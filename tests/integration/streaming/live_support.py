@@ -84,7 +84,7 @@ class LiveStack:
 
     def produce_direct(self, values: list[dict[str, Any] | bytes], *, topic: str = "ablab.inference") -> None:
         """A producer that bypasses the API (writes to Kafka itself)."""
-        from ablab.streaming.flink.harness import RawProducer
+        from ablab_testing.pipeline import RawProducer
 
         producer = RawProducer(self.bootstrap)
         try:
@@ -95,7 +95,7 @@ class LiveStack:
     def close_windows(self, *, after: float, partitions: int = 3) -> None:
         """Events of a second experiment at ``after`` + 15 s on every partition: the watermark
         passes every window before ``after`` (each partition must advance; none goes idle)."""
-        from ablab.streaming.flink.reference import kafka_partition
+        from ablab_testing.flink_reference import kafka_partition
 
         ts = iso(after + 15)
         seen: dict[int, str] = {}

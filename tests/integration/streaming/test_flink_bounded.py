@@ -15,7 +15,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from ablab.streaming.flink import job
-from ablab.streaming.flink import reference as ref
+
+from ablab_testing import flink_reference as ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]
 

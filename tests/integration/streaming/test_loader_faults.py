@@ -10,10 +10,11 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ablab.streaming.flink import reference as ref
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import apply_ddl, make_client, queries
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.pipeline import PipelineTopics, RawProducer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

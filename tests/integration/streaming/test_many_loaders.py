@@ -18,10 +18,11 @@ from datetime import UTC, datetime
 import pytest
 from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from ablab.streaming.flink import reference as ref
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer, wait_for
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import apply_ddl, make_client
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.pipeline import PipelineTopics, RawProducer, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

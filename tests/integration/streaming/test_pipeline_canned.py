@@ -2,7 +2,7 @@
 
 The stream has duplicates, disorder inside the watermark bound, RUM, feedback minutes
 late, and (phase 2) inference events far behind the watermark. Every window row in
-ClickHouse must equal the offline computation (ablab.streaming.flink.reference) of the
+ClickHouse must equal the offline computation (ablab_testing.flink_reference) of the
 same events: counts and sums exactly, percentiles as linear interpolation. The late-data
 policy is checked too: the deliberately late events are in late_events, nothing on time
 is, and raw = windowed + late.
@@ -19,10 +19,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ablab.streaming.flink import reference as ref
-from ablab.streaming.flink.harness import FlinkProcess, PipelineTopics, RawProducer, job_config, wait_for
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import apply_ddl, make_client, queries
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.pipeline import FlinkProcess, PipelineTopics, RawProducer, job_config, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(400)]
 

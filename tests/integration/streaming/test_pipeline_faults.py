@@ -13,11 +13,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ablab.streaming.flink import reference as ref
-from ablab.streaming.flink.harness import FlinkProcess, PipelineTopics, RawProducer, job_config, wait_for
 from ablab.streaming.flink.job import latest_checkpoint
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import apply_ddl, make_client, queries
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.pipeline import FlinkProcess, PipelineTopics, RawProducer, job_config, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 EXPERIMENT = "fault"

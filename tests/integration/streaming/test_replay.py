@@ -23,7 +23,7 @@ import yaml
 from ablab_testing import ABLAB
 from live_support import wait_until
 
-from ablab.streaming.flink import reference as ref
+from ablab_testing import flink_reference as ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 

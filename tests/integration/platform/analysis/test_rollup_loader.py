@@ -18,11 +18,12 @@ from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.store_query import results_from_store, variant_stats_from_rollup
 from ablab.platform.stats.engine import analyze
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import apply_ddl, make_client, rollup
 from ablab.streaming.events import validate_event
 from ablab.streaming.events import Rejection
+
+from ablab_testing.pipeline import PipelineTopics, RawProducer
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

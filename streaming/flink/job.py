@@ -69,7 +69,6 @@ from typing import Any
 from ablab.streaming.events import FIELD_BOUNDS
 
 SQL_DIR = Path(__file__).parent / "sql"
-WINDOW_SECONDS = 10
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,/\-=+ ]*$")
 

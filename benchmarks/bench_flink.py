@@ -27,20 +27,19 @@ change one setting, to see what it costs):
 - plain-tumble    one 10 s TUMBLE COUNT/SUM per (experiment, variant), nothing else
 - rocksdb         the job on RocksDB state with incremental checkpoints
 - changelog       the job with the changelog state backend (generic incremental checkpoints)
-- no-object-reuse the job without pipeline.object-reuse (the job sets it since 2026-12-03)
-- minibatch       the job with mini-batch on (as before)
+- no-object-reuse the job without pipeline.object-reuse (the job sets it)
+- minibatch       the job with mini-batch on (the job turns it off)
 - ckpt-30s        the job with 30 s checkpoints instead of 5 s
 - ttl-60s         the job remembering event_ids for 60 s instead of 600 s (a semantic change)
 - parallel-gc     the job's JVM with -XX:+UseParallelGC instead of G1
 - p2              the job at parallelism 2
 
-- with-rum-join   the job as it was before 2026-12-04 (commit 3d0379e, SQL read from git):
-                  RUM joined to its request in Flink by an interval join, as the baseline
+- with-rum-join   RUM joined to its request in Flink by an interval join (the SQL of commit
+                  3d0379e, read from git): the baseline for attributing RUM in ClickHouse
 
-Join names with ``+`` to combine variants (``no-dedup+no-late+p2``). The variants of
-earlier sessions that measured the RUM interval join (no-rum, bucket-join) and the SQL before
-the 2026-12-03 fixes (before) went with the join on 2026-12-04; their figures are in
-docs/benchmarks/pipeline.md and the code in git history.
+Join names with ``+`` to combine variants (``no-dedup+no-late+p2``). Figures of the
+variants that measured the RUM interval join itself (no-rum, bucket-join, before) are in
+docs/benchmarks/pipeline.md.
 """
 
 from __future__ import annotations

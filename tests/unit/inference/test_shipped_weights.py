@@ -61,7 +61,7 @@ def test_each_adapter_beats_the_base_on_its_domain(bundle, domain):
     assert tuned >= base + 0.10  # the goal, measured here on held-out data
 
 
-# k = 192 (1/16 of d_ff): the largest k that keeps arith within the bound (session 6, calibrated:
+# k = 192 (1/16 of d_ff): the largest k that keeps arith within the bound (calibrated:
 # 1.73x at batch 1 on a quiet run, 97.9 vs 97.4 % at n = 1000; k = 128 is -2.6 points,
 # docs/benchmarks/inference.md)
 SPARSE_K = 192

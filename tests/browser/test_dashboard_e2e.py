@@ -1,6 +1,8 @@
 """End to end in headless Chromium (Debian's ``chromium``, driven by Playwright):
 sign in, create an experiment through the form, see it through the API, start it, open
-its results over seeded real data; screenshots go to ``docs/screenshots/``.
+its results over seeded real data. Screenshots go to a temporary directory, or to
+``$ABLAB_SCREENSHOTS_DIR``: ``scripts/screenshots.sh`` sets it to ``docs/screenshots/`` to
+refresh the README's on purpose.
 
 Run: ``.venv/bin/python -m pytest tests/browser -m browser`` (``scripts/browser-deps.sh``
 installs chromium when it is missing).
@@ -21,8 +23,6 @@ import pytest
 from ablab_testing import ApiServer, start_api, stop_api
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
-REPO = Path(__file__).resolve().parents[2]
-SHOTS = REPO / "docs" / "screenshots"
 CHROMIUM = Path("/usr/bin/chromium")
 DASHBOARD_PORT = 18520  # this area's port range is 18500–18599
 FORM_KEY = "int8-rollout"
@@ -61,7 +61,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
                 if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
-                time.sleep(0.5)
+                pass
+            time.sleep(0.5)  # poll interval while the dashboard starts
         else:
             raise RuntimeError(f"dashboard did not start:\n{(home / 'dashboard.log').read_text()}")
         yield api, url
@@ -76,6 +77,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
 
 
 @pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: a temporary directory unless a refresh names one."""
+    wanted = os.environ.get("ABLAB_SCREENSHOTS_DIR")
+    directory = Path(wanted) if wanted else tmp_path / "screenshots"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
+
+
+@pytest.fixture
 def page(stack):
     from playwright.sync_api import sync_playwright
 
@@ -87,12 +97,17 @@ def page(stack):
         browser.close()
 
 
-def _tall_screenshot(pg, name: str, height: int) -> None:
+# Every chart on the page has drawn: a Vega view holds a canvas or an svg with a size.
+_CHARTS_DRAWN = """() => [...document.querySelectorAll('.vega-embed')].every(
+    e => [...e.querySelectorAll('canvas, svg')].some(c => c.getBoundingClientRect().width > 0))"""
+
+
+def _tall_screenshot(pg, path: Path, height: int) -> None:
     # Streamlit scrolls inside its own container, so a "full page" shot needs a tall viewport.
     pg.set_viewport_size({"width": 1400, "height": height})
-    time.sleep(3)  # let charts finish their first render
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / name))
+    _settle(pg)  # the resize reruns nothing, but the page may still be finishing one
+    pg.wait_for_function(_CHARTS_DRAWN, timeout=90_000)
+    pg.screenshot(path=str(path))
     pg.set_viewport_size({"width": 1400, "height": 1000})
 
 
@@ -108,7 +123,7 @@ def _click(pg, name: str) -> None:
     _settle(pg)
 
 
-def test_sign_in_create_start_and_read_results(stack, page):
+def test_sign_in_create_start_and_read_results(stack, page, shots):
     from playwright.sync_api import expect
 
     api, url = stack
@@ -118,7 +133,7 @@ def test_sign_in_create_start_and_read_results(stack, page):
     _click(pg, "Sign in")
     expect(pg.get_by_role("heading", name="Experiments")).to_be_visible()
     expect(pg.get_by_text("1 experiment", exact=True)).to_be_visible()  # the table itself is a canvas
-    _tall_screenshot(pg, "experiments.png", 900)
+    _tall_screenshot(pg, shots / "experiments.png", 900)
 
     _click(pg, "➕ New experiment")
     expect(pg.get_by_role("heading", name="New experiment")).to_be_visible()
@@ -141,7 +156,7 @@ def test_sign_in_create_start_and_read_results(stack, page):
             _settle(pg)
     _settle(pg)
     time.sleep(1)
-    _tall_screenshot(pg, "create.png", 2400)
+    _tall_screenshot(pg, shots / "create.png", 2400)
     _click(pg, "Create experiment")
     expect(pg.get_by_text("Created experiment")).to_be_visible()
 
@@ -164,13 +179,13 @@ def test_sign_in_create_start_and_read_results(stack, page):
     expect(pg.get_by_role("heading", name="Per-variant results")).to_be_visible()
     expect(pg.get_by_text("Traffic split is healthy")).to_be_visible()
     expect(pg.get_by_text("int8 vs control")).to_be_visible()
-    _tall_screenshot(pg, "results.png", 3000)
+    _tall_screenshot(pg, shots / "results.png", 3000)
 
     pg.goto(f"{url}/?page=results&exp=factorial")  # a shared link: a new session signs in, then lands there
     pg.get_by_label("API token").fill(api.tokens["viewer"])
     _click(pg, "Sign in")
     expect(pg.get_by_role("heading", name="Trade-offs and attribution")).to_be_visible()
     expect(pg.get_by_text("Factor effects and interactions")).to_be_visible()
-    _tall_screenshot(pg, "attribution.png", 4200)
+    _tall_screenshot(pg, shots / "attribution.png", 4200)
     for name in ("experiments.png", "create.png", "results.png", "attribution.png"):
-        assert (SHOTS / name).stat().st_size > 20_000, name
+        assert (shots / name).stat().st_size > 20_000, name

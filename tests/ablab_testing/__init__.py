@@ -4,8 +4,8 @@ This package holds a real SQL database and a real API process (here), a whole pi
 on one machine (:mod:`.pipeline`), the offline computation of the Flink job
 (:mod:`.flink_reference`), the cluster fault drill (:mod:`.cluster_drill`), a seeder of
 the dashboard's store (:mod:`.dashboard_seed`), the inference strategy benchmark
-(:mod:`.inference_bench`), and the chDB and loader fixtures of the tests
-(:mod:`.store`). ``tests/`` is on the import path through pytest's ``pythonpath``
+(:mod:`.inference_bench`), the loader in a test's thread (:mod:`.loading`) and the
+comparison of two results documents (:mod:`.results`). ``tests/`` is on the import path through pytest's ``pythonpath``
 setting and, for the benchmarks, through ``benchmarks/_path.py``.
 """
 
@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,19 @@ def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-con
     ev["kafka_offset"] = range(len(ev))
     ev["correct"] = ev["correct"].astype("UInt8")
     client.insert_df("raw_events", ev[RAW_FRAME_COLUMNS])
+
+
+def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str, on_timeout: Callable[[], str] | None = None,
+             interval_s: float = 0.5) -> None:
+    """Poll ``predicate`` every ``interval_s`` until it holds; past ``timeout_s``, fail naming
+    ``what`` (and ``on_timeout()``'s diagnosis)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval_s)
+    detail = on_timeout() if on_timeout else ""
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{detail}")
 
 
 def postgres_admin_url() -> str | None:

@@ -16,6 +16,8 @@ from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events, write_events
 
+from ablab_testing.results import assert_same_results
+
 pytestmark = pytest.mark.integration
 
 CHILD = textwrap.dedent("""
@@ -67,20 +69,5 @@ def test_store_results_equal_offline_results(tmp_path):
     assert child.returncode == 0, child.stderr[-3000:]
     both = json.loads(child.stdout.strip().splitlines()[-1])
     offline, _ = analyze_events(events, parse_spec(spec_data))
-    for store in (both["raw"], both["rollup"]):
-        _assert_same(store, offline)
-
-
-def _assert_same(store, offline):
-    assert store["srm"]["p_value"] == pytest.approx(offline["srm"]["p_value"], rel=1e-9)
-    assert [d["decision"] for d in store["decisions"]] == [d["decision"] for d in offline["decisions"]]
-    off_rows = {(r["metric"], r["variant"]): r for r in offline["metrics"]}
-    for row in store["metrics"]:
-        ref = off_rows[(row["metric"], row["variant"])]
-        for key in ("n", "estimate", "abs_diff", "p_value"):
-            if ref[key] is None:
-                assert row[key] is None, (row["metric"], key)
-            else:
-                # sums are the same numbers added in another order; histogram buckets match
-                assert row[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-12), (row["metric"], row["variant"], key)
-        assert row["method"] == ref["method"]
+    for from_store in (both["raw"], both["rollup"]):
+        assert_same_results(from_store, offline)

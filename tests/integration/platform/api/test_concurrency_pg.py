@@ -4,10 +4,8 @@ under real concurrency (two API processes on one database, and two ORM sessions)
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
@@ -16,7 +14,7 @@ from ablab.platform.errors import PreconditionFailed
 from ablab.platform.registry import migrate, service
 from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentUpdate
-from ablab_testing import fresh_postgres_database, start_api, stop_api
+from ablab_testing import fresh_postgres_database, start_api, stop_api, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
@@ -192,9 +190,16 @@ def test_writer_that_waits_on_the_row_lock_gets_412(pg_url: str) -> None:
                 except BaseException as exc:  # noqa: BLE001 - inspected below
                     outcome["error"] = exc
 
+            def loser_waits_on_the_lock() -> bool:
+                with engine.connect() as probe:
+                    return probe.execute(text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event_type = 'Lock'")).scalar_one() > 0
+
             thread = threading.Thread(target=lose)
             thread.start()
-            time.sleep(1.0)  # let the loser's UPDATE reach the row lock
+            wait_for(loser_waits_on_the_lock, timeout_s=60, what="the loser's UPDATE blocked on the row lock",
+                     interval_s=0.05)
             winner.commit()
             thread.join(timeout=60)
             error = outcome.get("error")

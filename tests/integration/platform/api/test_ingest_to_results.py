@@ -89,7 +89,7 @@ def test_events_flow_to_results_and_bad_ones_are_counted(pipeline_api) -> None:
                 n = {m["variant"]: m["n"] for m in result["metrics"] if m["metric"] == "e2e_ms"}
                 if sum(n.values()) >= 400:
                     break
-            time.sleep(2)
+            time.sleep(2)  # poll interval: the loader commits every few seconds
     n = {m["variant"]: m["n"] for m in result["metrics"] if m["metric"] == "e2e_ms"}
     assert result["experiment"] == key and result["control"] == "a"
     units = {m["variant"]: m["units"] for m in result["metrics"] if m["metric"] == "e2e_ms"}

@@ -15,6 +15,8 @@ import pytest
 
 from ablab.platform.assignment.targeting import MAX_PATTERN_CHARS, MAX_VALUE_CHARS
 
+from ablab_testing import wait_for
+
 pytestmark = pytest.mark.integration
 
 CATASTROPHIC = "(a+)+$"
@@ -93,8 +95,8 @@ def test_catastrophic_pattern_runs_in_linear_time_and_healthz_stays_fast(api_ser
     latencies: list[float] = []
     try:
         with httpx.Client(base_url=api_server.base_url, timeout=30) as probe:
-            while len(answered) < 20:  # the attack is really flowing before we measure
-                time.sleep(0.05)
+            # the attack is really flowing before we measure
+            wait_for(lambda: len(answered) >= 20, timeout_s=60, what="20 answered attack requests", interval_s=0.05)
             before = len(answered)
             for _ in range(30):
                 start = time.perf_counter()

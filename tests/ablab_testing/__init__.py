@@ -170,6 +170,24 @@ def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = 
     return ApiServer(base, database_url, home, tokens, process)
 
 
+def poll_results(server: ApiServer, key: str, until: Callable[[dict], bool], *, timeout_s: float,
+                 interval_s: float = 1.0) -> dict:
+    """``GET /v1/experiments/{key}/results`` until ``until(document)`` holds (the loader
+    commits every few seconds); returns the last document read ({} if none), whether or
+    not it did, for the caller's assertions to say what was missing."""
+    deadline = time.monotonic() + timeout_s
+    result: dict = {}
+    with server.client("viewer") as client:
+        while time.monotonic() < deadline:
+            response = client.get(f"/v1/experiments/{key}/results")
+            if response.status_code == 200:
+                result = response.json()
+                if until(result):
+                    break
+            time.sleep(interval_s)  # poll interval
+    return result
+
+
 def stop_api(server: ApiServer) -> None:
     server.process.terminate()
     try:

@@ -11,7 +11,6 @@ is, and raw = windowed + late.
 from __future__ import annotations
 
 import json
-import math
 import random
 import threading
 from datetime import UTC, datetime, timedelta
@@ -44,14 +43,6 @@ def _window_table(client, table: str, experiment: str = EXPERIMENT) -> dict[tupl
         row = dict(zip(result.column_names, values))
         rows[(row["experiment"], row["variant"], _ms(row["window_start"]))] = row
     return rows
-
-
-def _assert_row(actual: dict, expected: dict, key) -> None:
-    for name, value in expected.items():
-        if name.endswith(("_p50", "_p95", "_p99")):
-            assert math.isclose(actual[name], value, rel_tol=1e-12, abs_tol=1e-9), (key, name, actual[name], value)
-        else:
-            assert actual[name] == value, (key, name, actual[name], value)  # counts and sums: exactly
 
 
 def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path):
@@ -115,9 +106,7 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
 
     windows = _window_table(store, "window_stats")
     expected = ref.inference_windows(stream.inference + late, late_ids=late_ids)
-    assert set(windows) == set(expected)
-    for key, row in expected.items():
-        _assert_row(windows[key], row, key)
+    ref.assert_window_rows(windows, expected)
 
     # RUM in its request's window and variant (the store's query-time attribution).
     rum = {(EXPERIMENT, r["variant"], _ms(r["window_start"])): r for r in queries.window_rows(store, experiment=EXPERIMENT)
@@ -125,7 +114,7 @@ def test_canned_stream_matches_offline_computation(kafka_broker, store, tmp_path
     expected_rum = ref.rum_windows(stream.rum + late_rum, stream.inference + late)
     assert set(rum) == set(expected_rum)
     for key, row in expected_rum.items():
-        _assert_row({name.removeprefix("rum_"): value for name, value in rum[key].items() if name.startswith("rum_")},
+        ref.assert_window_row({name.removeprefix("rum_"): value for name, value in rum[key].items() if name.startswith("rum_")},
                     row, key)
     first = stream.inference[0]
     first_key = (EXPERIMENT, first["variant"], ref.window_start_ms(ref.parse_ms(first["ts"])))
@@ -234,8 +223,6 @@ def test_event_on_a_reawakened_partition_behind_the_watermark_becomes_a_late_row
 
     assert late_ids() == {reawakened["event_id"]}
     windows = _window_table(store, "window_stats", experiment)
-    assert set(windows) == set(expected)
-    for key, row in expected.items():
-        _assert_row(windows[key], row, key)
+    ref.assert_window_rows(windows, expected)
     balance = queries.reconciliation(store, experiment=experiment)
     assert balance == {"raw": len(on_time) + 1, "windowed": len(on_time), "late": 1, "balanced": True}

@@ -11,15 +11,18 @@ setting and, for the benchmarks, through ``benchmarks/_path.py``.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -54,6 +57,13 @@ def run_child(script: str, *args: str, timeout: float) -> subprocess.CompletedPr
     it can ``import ablab_testing``."""
     return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
                           env=support_env())
+
+
+def run_child_json(script: str, *args: str, timeout: float) -> Any:
+    """:func:`run_child`, which must succeed and print its answer as JSON on its last line."""
+    done = run_child(script, *args, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 RAW_FRAME_COLUMNS = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",
@@ -139,6 +149,21 @@ def _test_key(scope: str, home: Path, env: dict[str, str]) -> str:
     raise RuntimeError(f"could not create a {scope} key:\n{done.stdout}{done.stderr}")
 
 
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    """Until ``url`` answers 200; fails with the log's tail if ``proc`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # poll interval while the process starts
+    raise RuntimeError(f"{url} did not come up:\n{log.read_text(errors='replace')[-4000:]}")
+
+
 def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = None) -> ApiServer:
     port = server_ports()  # the API binds after `db upgrade`'s own connections
     env = {
@@ -155,19 +180,35 @@ def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = 
     log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen([ABLAB, "api", "--port", str(port), "--no-migrate"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"API exited early:\n{(home / 'api.log').read_text()}")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
+    try:
+        wait_http(f"{base}/healthz", process, home / "api.log", timeout=60)
+    except RuntimeError:
         process.kill()
-        raise RuntimeError(f"API did not start:\n{(home / 'api.log').read_text()}")
+        raise
     return ApiServer(base, database_url, home, tokens, process)
+
+
+def concurrent_requests(servers: Sequence[ApiServer], scope: str, n: int,
+                        send: Callable[[httpx.Client, int], httpx.Response]) -> list[httpx.Response]:
+    """``n`` requests released at once (a barrier), the ``i``-th sent by ``send(client, i)``
+    to ``servers[i % len(servers)]`` with a ``scope`` token; the responses as they came."""
+    barrier = threading.Barrier(n)
+    responses: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        with servers[i % len(servers)].client(scope) as client:
+            barrier.wait()
+            response = send(client, i)
+        with lock:
+            responses.append(response)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return responses
 
 
 def poll_results(server: ApiServer, key: str, until: Callable[[dict], bool], *, timeout_s: float,

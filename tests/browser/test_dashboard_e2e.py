@@ -17,10 +17,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from ablab_testing import ApiServer, start_api, stop_api
+from ablab_testing import ApiServer, start_api, stop_api, wait_http
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -55,16 +54,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
                              "--api-url", api.base_url], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{DASHBOARD_PORT}"
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)  # poll interval while the dashboard starts
-        else:
-            raise RuntimeError(f"dashboard did not start:\n{(home / 'dashboard.log').read_text()}")
+        wait_http(f"{url}/_stcore/health", dash, home / "dashboard.log", timeout=90)
         yield api, url
     finally:
         dash.terminate()

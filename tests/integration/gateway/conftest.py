@@ -6,28 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from ablab_testing import ABLAB, poll_results
+from ablab_testing import ABLAB, poll_results, wait_http  # noqa: F401 - the gateway tests import wait_http from here
 
-
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited early:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)  # poll interval while the process starts
-    raise RuntimeError(f"{url} did not come up:\n{log.read_text()[-4000:]}")
 
 
 def start_gateway(api, home: Path, config: str, port: int) -> subprocess.Popen:

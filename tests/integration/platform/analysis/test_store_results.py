@@ -5,8 +5,6 @@ chDB allows one data directory per process, so the store side runs in a child pr
 """
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pandas as pd
@@ -16,6 +14,7 @@ from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events, write_events
 
+from ablab_testing import run_child_json
 from ablab_testing.results import assert_same_results
 
 pytestmark = pytest.mark.integration
@@ -62,12 +61,7 @@ def test_store_results_equal_offline_results(tmp_path):
     spec_data = spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25},
                           guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.03}])
     (tmp_path / "spec.json").write_text(json.dumps(spec_data))
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "chdb"), str(path), str(tmp_path / "spec.json")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    both = json.loads(child.stdout.strip().splitlines()[-1])
+    both = run_child_json(CHILD, str(tmp_path / "chdb"), str(path), str(tmp_path / "spec.json"), timeout=300)
     offline, _ = analyze_events(events, parse_spec(spec_data))
     for from_store in (both["raw"], both["rollup"]):
         assert_same_results(from_store, offline)

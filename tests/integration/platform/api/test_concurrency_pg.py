@@ -14,7 +14,7 @@ from ablab.platform.errors import PreconditionFailed
 from ablab.platform.registry import migrate, service
 from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentUpdate
-from ablab_testing import fresh_postgres_database, start_api, stop_api, wait_for
+from ablab_testing import concurrent_requests, fresh_postgres_database, start_api, stop_api, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
@@ -103,23 +103,9 @@ def test_concurrent_patches_over_two_api_processes(pg_url: str, tmp_path) -> Non
             assert c.post("/v1/experiments", json=experiment_body(key)).status_code == 201
             assert c.get(f"/v1/experiments/{key}").headers["etag"] == '"1"'
 
-        barrier = threading.Barrier(WRITERS)
-        statuses: list[int] = []
-        lock = threading.Lock()
-
-        def writer(i: int) -> None:
-            server = servers[i % 2]
-            with server.client("editor") as c:
-                barrier.wait()
-                r = c.patch(f"/v1/experiments/{key}", json={"traffic": round(0.1 + i / 100, 2)}, headers={"If-Match": '"1"'})
-            with lock:
-                statuses.append(r.status_code)
-
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        responses = concurrent_requests(servers, "editor", WRITERS, lambda c, i: c.patch(
+            f"/v1/experiments/{key}", json={"traffic": round(0.1 + i / 100, 2)}, headers={"If-Match": '"1"'}))
+        statuses = [r.status_code for r in responses]
         assert sorted(statuses) == [200] + [412] * (WRITERS - 1), statuses
 
         for server in servers:  # both processes read the same committed state

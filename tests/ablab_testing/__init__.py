@@ -84,14 +84,15 @@ def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-con
     client.insert_df("raw_events", ev[RAW_FRAME_COLUMNS])
 
 
-def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str, on_timeout: Callable[[], str] | None = None,
-             interval_s: float = 0.5) -> None:
-    """Poll ``predicate`` every ``interval_s`` until it holds; past ``timeout_s``, fail naming
-    ``what`` (and ``on_timeout()``'s diagnosis)."""
+def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, on_timeout: Callable[[], str] | None = None,
+             interval_s: float = 0.5) -> Any:
+    """Poll observable state (counters, offsets, checkpoint ids): ``predicate`` every
+    ``interval_s`` until it returns something truthy, which is returned; past ``timeout_s``,
+    fail naming ``what`` (and ``on_timeout()``'s diagnosis)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if predicate():
-            return
+        if value := predicate():
+            return value
         time.sleep(interval_s)
     detail = on_timeout() if on_timeout else ""
     raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{detail}")

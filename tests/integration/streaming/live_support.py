@@ -5,9 +5,7 @@ on the running stack and ordinary events. Tests wait on observable state through
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -137,17 +135,5 @@ def ordinary(experiment: str, variant: str, trace: str, *, ts: str, e2e: float =
     if event_id is not None:
         event["event_id"] = event_id
     return event
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout_s: float, what: str, diagnosis: Callable[[], str] | None = None) -> Any:
-    """Poll observable state (counters, offsets, checkpoint ids) until ``predicate`` is truthy."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n" + (diagnosis() if diagnosis else ""))
 
 

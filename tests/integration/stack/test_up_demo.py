@@ -118,7 +118,7 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
                 labeled = {m["variant"] for m in llm.get("metrics", []) if m["metric"] == "accuracy" and m.get("n")}
                 if labeled >= llm_want:
                     break
-            time.sleep(5)  # poll interval: window rows arrive every 10 s
+            time.sleep(5)  # poll interval: graded labels arrive as the labeler sends them
         tail = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log") if p.name.startswith(("llm", "gateway"))}
         by_metric = {(m["metric"], m["variant"]): m for m in llm.get("metrics", [])}
         assert all(("accuracy", v) in by_metric for v in llm_want), f"demo-llm has no graded variants: {json.dumps(llm)[:2000]}\n{tail}"

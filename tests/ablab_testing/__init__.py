@@ -5,8 +5,8 @@ on one machine (:mod:`.pipeline`), the offline computation of the Flink job
 (:mod:`.flink_reference`), the cluster fault drill (:mod:`.cluster_drill`), a seeder of
 the dashboard's store (:mod:`.dashboard_seed`), the inference strategy benchmark
 (:mod:`.inference_bench`), the loader in a test's thread (:mod:`.loading`) and the
-comparison of two results documents (:mod:`.results`). ``tests/`` is on the import path through pytest's ``pythonpath``
-setting and, for the benchmarks, through ``benchmarks/_path.py``.
+comparison of two results documents (:mod:`.results`). ``tests/`` is on the import path
+through pytest's ``pythonpath`` setting and, for the benchmarks, ``benchmarks/_path.py``.
 """
 
 from __future__ import annotations

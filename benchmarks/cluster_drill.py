@@ -26,6 +26,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--windows", type=int, default=12, help="10 s windows per phase (two phases)")
     parser.add_argument("--per-window", type=int, default=100, help="inference events per window")
+    parser.add_argument("--loaders", type=int, default=2, help="loaders in one consumer group (one is killed when ≥ 2)")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="longest wait for any one step")
     args = parser.parse_args()
 
@@ -34,11 +35,15 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix="cluster-drill-"))
     print(f"work dir {workdir}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}", flush=True)
     result = run_drill(workdir=workdir, windows=args.windows, per_window=args.per_window, timeout_s=args.timeout_s,
-                       say=lambda line: print(line, flush=True))
+                       loaders=args.loaders, say=lambda line: print(line, flush=True))
     problems = result.mismatches()
     print(f"{result.events:,} events; {len(result.expected)} windows expected, {len(result.windows)} in the store; "
           f"reconciliation {result.balance}; broker {result.killed_broker} and TaskManager "
-          f"{result.killed_taskmanager} killed; restored from checkpoint {result.restored_checkpoint}; "
+          f"{result.killed_taskmanager} killed; {result.loaders} loaders"
+          f"{', one killed between its writes and its commit' if result.killed_loader else ''}; "
+          f"unit_stats requests {result.rollup_requests} of {result.raw_expected}; "
+          f"surviving loaders reconnected {result.loader_restarts} times; loader errors {result.loader_errors}; "
+          f"restored from checkpoint {result.restored_checkpoint}; "
           f"load {os.getloadavg()[0]:.2f}", flush=True)
     if problems:
         print(f"NOT EXACT: {len(problems)} differences, first ones:\n  " + "\n  ".join(problems[:20]))

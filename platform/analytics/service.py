@@ -19,6 +19,7 @@ def is_adaptive(exp: ExperimentRead, settings: Settings | None = None) -> bool:
 
 def stats_spec(exp: ExperimentRead, *, settings: Settings | None = None) -> ExperimentSpec:
     metrics = dict(exp.metrics or {})
+    mde = metrics.pop("mde", None)  # the registry keeps it with the metrics; the engine reads analysis.mde
     data: dict[str, Any] = {
         "key": exp.key,
         "control": exp.control,
@@ -27,6 +28,8 @@ def stats_spec(exp: ExperimentRead, *, settings: Settings | None = None) -> Expe
         "guardrails": exp.guardrails,
         "metrics": {k: v for k, v in metrics.items() if v is not None},
     }
+    if mde:
+        data["analysis"] = {"mde": mde}
     if exp.started_at is not None:
         data["start"] = exp.started_at.isoformat()
     try:

@@ -402,5 +402,5 @@ def loader(
     worker = Loader(client, settings.kafka_bootstrap, group_id=group_id,
                     batch_max_records=batch_max_records, batch_max_s=batch_max_s)
     console.print(f"[green]loader[/] {settings.kafka_bootstrap} → {settings.public_dict()['clickhouse_url'] or 'chdb (embedded)'}")
-    stats = worker.run(stop)
+    stats = worker.supervise(stop)
     out.print(stats.as_dict())

@@ -75,12 +75,24 @@ class TargetingRule(_Strict):
         return value
 
 
-def _known_metric(name: str) -> str:
-    from ablab.platform.stats.metrics import METRICS
+def _engine_check(metrics: dict[str, Any] | None, guardrails: list[dict[str, Any]] | None = None) -> None:
+    """Validate with the stats engine's own parser (one set of rules for the API, the CLI and
+    analysis), so an experiment the registry accepts can always be analyzed."""
+    from ablab.platform.stats.spec import SpecError, parse_spec
 
-    if name not in METRICS:
-        raise ValueError(f"unknown metric {name!r}; known: {', '.join(METRICS)}")
-    return name
+    data: dict[str, Any] = {"key": "check", "variants": [{"key": "a"}, {"key": "b"}]}
+    if metrics is not None:
+        metrics = {k: v for k, v in metrics.items() if v is not None}
+        mde = metrics.pop("mde", None)
+        data["metrics"] = metrics
+        if mde:
+            data["analysis"] = {"mde": mde}
+    if guardrails:
+        data["guardrails"] = guardrails
+    try:
+        parse_spec(data)
+    except SpecError as exc:  # the API keeps the MDE with the metrics
+        raise ValueError(str(exc).replace("analysis.mde", "metrics.mde")) from None
 
 
 class Guardrail(_Strict):
@@ -93,11 +105,6 @@ class Guardrail(_Strict):
     relative: bool = Field(default=False, description="Margin is relative to control's value.")
     pause: bool = Field(default=True, description="A breach pauses the variant automatically.")
 
-    @field_validator("metric")
-    @classmethod
-    def _metric(cls, value: str) -> str:
-        return _known_metric(value)
-
     @model_validator(mode="after")
     def _something(self) -> "Guardrail":
         if self.max is None and self.min is None and self.margin is None:
@@ -106,16 +113,25 @@ class Guardrail(_Strict):
 
 
 class Metrics(_Strict):
-    """What to report and decide on; SLOs define goodput."""
+    """What to report and decide on; SLOs define goodput; metrics and segments the team defines.
+
+    ``custom`` entries have the shape of docs/contracts.md ("Analysis output"), e.g.
+    ``{name: judge_score, type: mean, column: score}``; ``segments`` names ``dims.<name>``;
+    ``mde`` the relative minimum detectable effect per metric for the power estimate.
+    """
 
     primary: list[str] = Field(default_factory=lambda: ["e2e_ms"], min_length=1)
     report: list[str] | None = Field(default=None, description="Metrics to report; all by default.")
     slos: dict[str, float] = Field(default_factory=dict, description="metric → max, e.g. {ttft_ms: 500}.")
+    custom: list[dict[str, Any]] = Field(default_factory=list, max_length=32,
+                                         description="Experiment-defined metrics (mean, proportion, ratio, quantile).")
+    segments: list[str] = Field(default_factory=list, max_length=5, description="Breakdowns, e.g. ['dims.domain'].")
+    mde: dict[str, float] = Field(default_factory=dict, description="metric → relative MDE for power (default 0.05).")
 
-    @field_validator("primary", "report")
-    @classmethod
-    def _known(cls, names: list[str] | None) -> list[str] | None:
-        return [_known_metric(n) for n in names] if names is not None else None
+    @model_validator(mode="after")
+    def _analyzable(self) -> "Metrics":
+        _engine_check(self.model_dump())
+        return self
 
     @field_validator("slos")
     @classmethod
@@ -159,6 +175,8 @@ class ExperimentCreate(_Strict):
     @model_validator(mode="after")
     def _coherent(self) -> "ExperimentCreate":
         _check_variants(self.variants, self.control)
+        if self.guardrails:  # a guardrail may name a custom metric: check them together
+            _engine_check(self.metrics.model_dump(), [g.model_dump(exclude_none=True) for g in self.guardrails])
         keys = {v.key for v in self.variants}
         for unit, variant in self.forced.items():
             if variant not in keys:

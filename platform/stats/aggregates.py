@@ -9,14 +9,14 @@ milliseconds. Pure: arrays in, dataclasses out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .metrics import HISTOGRAM_SOURCES, METRICS, UNIT_COLUMNS
-from .sufficient import CupedStats, HistogramStats, RatioStats
+from .metrics import HISTOGRAM_SOURCES, METRICS, UNIT_COLUMNS, CustomMetric, custom_columns
+from .sufficient import CupedStats, HistogramStats, RatioStats, SampleStats
 
 OPTIONAL_COLUMNS = {"e2e_ms_sq", "ttft_ms_sq"}
 
@@ -31,6 +31,8 @@ class VariantStats:
     histograms: Mapping[str, HistogramStats] = field(default_factory=dict)  # latency → histogram
     request_sumsq: Mapping[str, float] = field(default_factory=dict)  # latency → Σ request²
     duration_s: float | None = None
+    # custom unit_mean / unit_sum metrics: one value per unit (the unit's mean or total)
+    samples: Mapping[str, SampleStats] = field(default_factory=dict)
 
     def __add__(self, other: "VariantStats") -> "VariantStats":
         def merge(a: Mapping, b: Mapping) -> dict:
@@ -44,6 +46,7 @@ class VariantStats:
             merge(self.histograms, other.histograms),
             merge(self.request_sumsq, other.request_sumsq),
             duration,
+            merge(self.samples, other.samples),
         )
 
     def design_effect(self, latency: str) -> float:
@@ -77,8 +80,14 @@ def variant_stats_from_units(
     histograms: Mapping[str, Mapping[str, HistogramStats]] | None = None,
     durations: Mapping[str, float] | None = None,
     cuped: bool = True,
+    custom: Sequence[CustomMetric] = (),
 ) -> dict[str, VariantStats]:
-    """Per-variant sufficient statistics from per-unit rows (``variant`` column + UNIT_COLUMNS)."""
+    """Per-variant sufficient statistics from per-unit rows (``variant`` column + UNIT_COLUMNS).
+
+    ``custom``: the experiment's own metrics (``spec.custom``); each reads the per-unit
+    columns :func:`custom_columns` names. Histograms of a custom quantile are keyed by the
+    metric's name in ``histograms[variant]``.
+    """
     labels, codes = np.unique(np.asarray(units["variant"]).astype(str), return_inverse=True)
     k = labels.size
     count = np.bincount(codes, minlength=k).astype(float)
@@ -104,6 +113,35 @@ def variant_stats_from_units(
                 cuped_sums[name] = (first, cross)
 
     sumsq = {lat: s(cols[f"{lat}_sq"]) for lat in HISTOGRAM_SOURCES if f"{lat}_sq" in cols}
+    samples: dict[str, tuple[np.ndarray, ...]] = {}
+    unit_cuped: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for m in custom:
+        cc = custom_columns(m)
+        x, y = _column(units, cc["x"]), _column(units, cc["y"])
+        sums[m.name] = (s(x), s(x * x), s(y), s(y * y), s(x * y))
+        if "sq" in cc:
+            sumsq[m.name] = s(_column(units, cc["sq"]))
+        pre = ("pre_x", "pre_y") if "pre_x" in cc else ("cov_x", "cov_y") if "cov_x" in cc else None
+        px = py = None
+        if pre and cuped:
+            px, py = _column(units, cc[pre[0]]), _column(units, cc[pre[1]])
+        if m.aggregation == "request":
+            if px is not None:
+                mat = np.vstack([x, y, px, py])
+                cuped_sums[m.name] = (np.vstack([s(r) for r in mat]), np.stack([s(a * b) for a in mat for b in mat]))
+            continue
+        # one value per unit: its mean over requests with a value (units without one drop
+        # out), or its total (every unit counts, zero when it has none)
+        keep = (y > 0).astype(float) if m.aggregation == "unit_mean" else np.ones_like(x)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            v = np.where(y > 0, x / y, 0.0) if m.aggregation == "unit_mean" else x
+        samples[m.name] = (s(keep), s(v * keep), s(v * v * keep))
+        if px is not None:
+            # the covariate on the same scale; a unit without pre-period/covariate data gets 0
+            with np.errstate(divide="ignore", invalid="ignore"):
+                c = np.where(py > 0, px / py, 0.0) if m.aggregation == "unit_mean" else px
+            mat = np.vstack([v, keep, c, keep]) * keep
+            unit_cuped[m.name] = (s(keep), np.vstack([s(r) for r in mat]), np.stack([s(a * b) for a in mat for b in mat]))
     out: dict[str, VariantStats] = {}
     for i, label in enumerate(labels):
         ratios = {name: RatioStats(count[i], *(float(a[i]) for a in arrs)) for name, arrs in sums.items()}
@@ -112,6 +150,11 @@ def variant_stats_from_units(
             for name, (first, cross) in cuped_sums.items()
             if first[3, i] > 0
         }
+        cu.update(
+            (name, CupedStats(float(n[i]), tuple(map(float, first[:, i])), tuple(map(float, cross[:, i]))))
+            for name, (n, first, cross) in unit_cuped.items()
+            if n[i] > 0
+        )
         out[str(label)] = VariantStats(
             units=float(count[i]),
             ratios=ratios,
@@ -119,5 +162,6 @@ def variant_stats_from_units(
             histograms=dict((histograms or {}).get(str(label), {})),
             request_sumsq={lat: float(v[i]) for lat, v in sumsq.items()},
             duration_s=(durations or {}).get(str(label)),
+            samples={name: SampleStats(*(float(a[i]) for a in arrs)) for name, arrs in samples.items()},
         )
     return out

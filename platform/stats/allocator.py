@@ -16,7 +16,6 @@ import numpy as np
 
 from .aggregates import VariantStats
 from .engine import arm_estimate
-from .metrics import METRICS
 from .spec import ExperimentSpec
 
 
@@ -57,8 +56,10 @@ def thompson_weights(
 def arms_from_stats(
     spec: ExperimentSpec, stats: Mapping[str, VariantStats], *, reward: str = "accuracy", constraint: str = "ttft_ms_p95"
 ) -> dict[str, ArmState]:
-    if METRICS[reward].kind != "proportion" or METRICS[reward].lower_is_better:
-        raise ValueError(f"reward: {reward!r} must be a higher-is-better proportion (accuracy, goodput)")
+    reward_def = spec.metric_def(reward)
+    if reward_def.kind != "proportion" or reward_def.lower_is_better:
+        raise ValueError(f"reward: {reward!r} must be a higher-is-better proportion (accuracy, goodput, or one defined so)")
+    constraint_def = spec.metric_def(constraint)
     out = {}
     for v in spec.variants:
         vs = stats.get(v.key)
@@ -66,6 +67,6 @@ def arms_from_stats(
             out[v.key] = ArmState(0.0, 0.0, float("nan"), float("nan"))
             continue
         r = vs.ratios[reward]
-        est, var, _, _ = arm_estimate(spec, METRICS[constraint], vs)
+        est, var, _, _ = arm_estimate(spec, constraint_def, vs)
         out[v.key] = ArmState(r.sum_x, r.sum_y, est, float(np.sqrt(var)) if var == var else float("nan"))
     return out

@@ -26,7 +26,6 @@ import numpy as np
 from . import _dist
 from .aggregates import VariantStats
 from .engine import arm_estimate, empty_variant, json_ready
-from .metrics import METRICS
 from .spec import ExperimentSpec
 
 PARETO_OBJECTIVES = {"e2e_ms": "min", "cost_usd": "min", "accuracy": "max"}
@@ -204,14 +203,31 @@ def attribute(
     spec: ExperimentSpec,
     stats: Mapping[str, VariantStats],
     levels: Mapping[str, Mapping[str, Any]] | None = None,
-    metrics: Sequence[str] = ATTRIBUTION_METRICS,
+    metrics: Sequence[str] | None = None,
     factor_defaults: Mapping[str, Any] | None = None,
+    objectives: Mapping[str, str] | Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """The ``GET /v1/experiments/{key}/attribution`` object (JSON-ready)."""
-    stats = {v.key: stats.get(v.key) or empty_variant() for v in spec.variants}
+    """The ``GET /v1/experiments/{key}/attribution`` object (JSON-ready).
+
+    ``metrics``: those to attribute to factors (default: latency, accuracy, cost and the
+    experiment's custom primary metrics); ``objectives``: the Pareto frontier's axes, as
+    ``{metric: min|max}`` or metric names (direction from the metric's definition).
+    Custom metrics work in both.
+    """
+    if metrics is None:
+        metrics = (*ATTRIBUTION_METRICS, *(m.name for m in spec.custom if m.name in spec.primary))
+    if objectives is None:
+        objectives = PARETO_OBJECTIVES
+    elif not isinstance(objectives, Mapping):
+        objectives = {n: "min" if spec.metric_def(n).lower_is_better else "max" for n in objectives}
+    for name, goal in objectives.items():
+        spec.metric_def(name)  # unknown names fail here, with the known ones listed
+        if goal not in ("min", "max"):
+            raise ValueError(f"objective {name}: must be min or max, got {goal!r}")
+    stats = {v.key: stats.get(v.key) or empty_variant(spec.custom) for v in spec.variants}
     levels = dict(levels) if levels is not None else strategy_levels(spec, factor_defaults)
-    arms = {name: {v: arm_estimate(spec, METRICS[name], s) for v, s in stats.items()} for name in {*metrics, *PARETO_OBJECTIVES}}
-    points = {v: {k: arms[k][v][0] for k in PARETO_OBJECTIVES} for v in stats}
+    arms = {name: {v: arm_estimate(spec, spec.metric_def(name), s) for v, s in stats.items()} for name in {*metrics, *objectives}}
+    points = {v: {k: arms[k][v][0] for k in objectives} for v in stats}
     factorial = {}
     for name in metrics:
         factorial[name] = factorial_analysis(
@@ -219,13 +235,13 @@ def attribute(
             estimates={v: a[0] for v, a in arms[name].items()},
             variances={v: a[1] for v, a in arms[name].items()},
             control=spec.control,
-            lower_is_better=METRICS[name].lower_is_better,
+            lower_is_better=spec.metric_def(name).lower_is_better,
             alpha=spec.alpha,
         )
     return json_ready({
         "experiment": spec.key,
         "control": spec.control,
-        "pareto": {"objectives": PARETO_OBJECTIVES, "points": pareto_frontier(points)},
+        "pareto": {"objectives": dict(objectives), "points": pareto_frontier(points, objectives)},
         "factors": {v: {f: levels[v].get(f) for f in varying_factors(levels)} for v in levels},
         "factorial": factorial,
     })

@@ -11,7 +11,6 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .metrics import METRICS
 from .spec import ExperimentSpec, Guardrail
 
 Row = Mapping[str, Any]
@@ -42,8 +41,8 @@ def _sla(g: Guardrail, row: Row) -> tuple[str, str]:
     return "inconclusive", f"{shown} straddles the SLA bound"
 
 
-def _non_inferiority(g: Guardrail, row: Row) -> tuple[str, str]:
-    lower_is_better = METRICS[g.metric].lower_is_better
+def _non_inferiority(spec: ExperimentSpec, g: Guardrail, row: Row) -> tuple[str, str]:
+    lower_is_better = spec.metric_def(g.metric).lower_is_better
     lo, hi = row["rel_ci"] if g.relative else row["abs_ci"]
     diff = row["rel_diff"] if g.relative else row["abs_diff"]
     unit = "relative" if g.relative else "absolute"
@@ -72,7 +71,7 @@ def evaluate_guardrails(spec: ExperimentSpec, rows: Mapping[tuple[str, str], Row
             row = rows.get((g.metric, variant))
             if row is None:
                 continue
-            status, reason = _sla(g, row) if g.kind == "sla" else _non_inferiority(g, row)
+            status, reason = _sla(g, row) if g.kind == "sla" else _non_inferiority(spec, g, row)
             threshold = g.margin if g.kind == "non_inferiority" else (g.max if g.max is not None else g.min)
             out.append(
                 {
@@ -96,7 +95,7 @@ def _primary_verdict(spec: ExperimentSpec, row: Row) -> tuple[str, str]:
     diff, rel = row.get("abs_diff"), row.get("rel_diff")
     if not _finite(p, diff):
         return "unknown", f"{name}: no comparison yet ({row.get('error') or 'no data'})"
-    better = (diff < 0) == METRICS[name].lower_is_better
+    better = (diff < 0) == spec.metric_def(name).lower_is_better
     change = f"{_fmt(100 * rel)}%" if _finite(rel) else _fmt(diff)
     if p < spec.alpha:
         word = "better" if better else "worse"

@@ -14,13 +14,19 @@ from typing import Any
 import numpy as np
 
 from .aggregates import VariantStats
-from .comparisons import Comparison, cuped_test, mean_ci, proportion_test, quantile_test, ratio_test, welch_test
+from .comparisons import (
+    Comparison, cuped_mean_test, cuped_test, mean_ci, proportion_test, quantile_test, ratio_test, welch_test,
+)
 from .corrections import adjust, homogeneity_test, srm_check
 from .decisions import decide, evaluate_guardrails
-from .metrics import METRICS, MetricDef
+from .metrics import METRICS, CustomMetric, MetricDef
+from .power import power_row
+from .segments import segment_breakdown
 from .quantiles import QuantileEstimate, quantile_ci
 from .spec import ExperimentSpec
-from .sufficient import ProportionStats, RatioStats, SampleStats
+from .sufficient import CupedStats, ProportionStats, RatioStats, SampleStats
+
+AnyMetric = MetricDef | CustomMetric
 
 NAN = math.nan
 
@@ -34,20 +40,55 @@ def _as_proportion(r: RatioStats) -> ProportionStats:
     return ProportionStats(r.sum_y, r.sum_x)
 
 
-def _quantile(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> QuantileEstimate:
-    hist = vs.histograms.get(m.numerator)
+def _custom(m: AnyMetric) -> bool:
+    return isinstance(m, CustomMetric)
+
+
+def _unit_level(m: AnyMetric) -> bool:
+    return _custom(m) and m.aggregation in ("unit_mean", "unit_sum")
+
+
+def _scaled(r: RatioStats, k: float) -> RatioStats:
+    if k == 1.0:
+        return r
+    return RatioStats(r.n, k * r.sum_x, k * k * r.sum_x2, r.sum_y, r.sum_y2, k * r.sum_xy)
+
+
+def _scaled_cuped(c: CupedStats, k: float) -> CupedStats:
+    if k == 1.0:
+        return c
+    w = np.array([k, 1.0, 1.0, 1.0])
+    cross = (np.asarray(c.cross).reshape(4, 4) * np.outer(w, w)).ravel()
+    return CupedStats(c.n, tuple(np.asarray(c.sums) * w), tuple(map(float, cross)))
+
+
+def _scale(m: AnyMetric) -> float:
+    return m.scale if _custom(m) and m.kind == "ratio" else 1.0
+
+
+def _ratio(m: AnyMetric, vs: VariantStats) -> RatioStats:
+    return _scaled(vs.ratios.get(m.name) or RatioStats(), _scale(m))
+
+
+def _quantile(spec: ExperimentSpec, m: AnyMetric, vs: VariantStats) -> QuantileEstimate:
+    key = m.name if _custom(m) else m.numerator  # built-ins share the latency's histogram
+    hist = vs.histograms.get(key)
     if hist is None:
         return QuantileEstimate(0, m.quantile or NAN, NAN, NAN, NAN, NAN)
-    deff = 1.0 if spec.request_randomized else vs.design_effect(m.numerator)
+    deff = 1.0 if spec.request_randomized else vs.design_effect(key)
     return quantile_ci(hist, m.quantile, alpha=spec.alpha, design_effect=deff)
 
 
-def arm_estimate(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> tuple[float, float, float, tuple[float, float]]:
+def arm_estimate(spec: ExperimentSpec, m: AnyMetric, vs: VariantStats) -> tuple[float, float, float, tuple[float, float]]:
     """(estimate, variance of the estimate, n, interval) of one variant's own metric value."""
     if m.kind == "quantile":
         q = _quantile(spec, m, vs)
         return q.estimate, q.se**2, float(q.n), (q.lo, q.hi)
-    r = vs.ratios[m.name]
+    if _unit_level(m):
+        smp = vs.samples.get(m.name) or SampleStats()
+        est, var = smp.mean, smp.mean_variance
+        return est, var, smp.n, mean_ci(est, var, alpha=spec.alpha)
+    r = _ratio(m, vs)
     if spec.request_randomized and m.kind == "mean":
         var = _as_sample(r).mean_variance
     elif spec.request_randomized and m.kind == "proportion":
@@ -58,24 +99,80 @@ def arm_estimate(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> tuple[
     return est, var, r.sum_y, mean_ci(est, var, alpha=spec.alpha)
 
 
-def _arm(spec: ExperimentSpec, m: MetricDef, vs: VariantStats) -> dict[str, Any]:
+def _arm(spec: ExperimentSpec, m: AnyMetric, vs: VariantStats) -> dict[str, Any]:
     est, _, n, ci = arm_estimate(spec, m, vs)
     return {"n": n, "estimate": est, "ci": list(ci)}
 
 
-def compare_metric(spec: ExperimentSpec, m: MetricDef, control: VariantStats, variant: VariantStats) -> Comparison:
-    """Pick the right test for the metric and the randomization unit."""
+def _cuped_pair(spec: ExperimentSpec, m: AnyMetric, control: VariantStats, variant: VariantStats):
+    """The CUPED statistics of both arms when CUPED applies to ``m``, else None."""
+    if not spec.cuped or m.kind == "quantile" or (_custom(m) and not m.cuped):
+        return None
+    if m.name in control.cuped and m.name in variant.cuped:
+        k = _scale(m)
+        return _scaled_cuped(control.cuped[m.name], k), _scaled_cuped(variant.cuped[m.name], k)
+    return None
+
+
+def compare_metric(
+    spec: ExperimentSpec, m: AnyMetric, control: VariantStats, variant: VariantStats, *, cuped: bool = True
+) -> Comparison:
+    """Pick the right test for the metric, its aggregation and the randomization unit."""
     kw = {"alpha": spec.alpha, "sequential": spec.tuning_n if spec.sequential else None}
     if m.kind == "quantile":
         return quantile_test(_quantile(spec, m, control), _quantile(spec, m, variant), **kw)
-    if spec.cuped and m.name in control.cuped and m.name in variant.cuped:
-        return cuped_test(control.cuped[m.name], variant.cuped[m.name], **kw)
-    rc, rt = control.ratios[m.name], variant.ratios[m.name]
+    pair = _cuped_pair(spec, m, control, variant) if cuped else None
+    if pair is not None:
+        return (cuped_mean_test if _unit_level(m) else cuped_test)(*pair, **kw)
+    if _unit_level(m):  # one value per unit (its mean or its total): Welch over units
+        return welch_test(variant_sample(control, m), variant_sample(variant, m), **kw)
+    rc, rt = _ratio(m, control), _ratio(m, variant)
     if spec.request_randomized and m.kind == "mean":
         return welch_test(_as_sample(rc), _as_sample(rt), **kw)
     if spec.request_randomized and m.kind == "proportion":
         return proportion_test(_as_proportion(rc), _as_proportion(rt), **kw)
     return ratio_test(rc, rt, **kw)  # user/session units: delta method over units
+
+
+def variant_sample(vs: VariantStats, m: AnyMetric) -> SampleStats:
+    return vs.samples.get(m.name) or SampleStats()
+
+
+def _power_arm(spec: ExperimentSpec, m: AnyMetric, vs: VariantStats) -> tuple[tuple[float, float, float], float | None]:
+    """((estimate, variance, randomization units behind it), units per second) of one arm."""
+    est, var, _, _ = arm_estimate(spec, m, vs)
+    units = variant_sample(vs, m).n if _custom(m) and m.aggregation == "unit_mean" else vs.units
+    rate = units / vs.duration_s if vs.duration_s else None
+    return (est, var, units), rate
+
+
+def _power(spec: ExperimentSpec, m: AnyMetric, control: VariantStats, vs: VariantStats, c: Comparison) -> dict[str, Any]:
+    arm_c, rate_c = _power_arm(spec, m, control)
+    arm_t, rate_t = _power_arm(spec, m, vs)
+    if c.ok and c.variance_reduction is not None and 0 < c.variance_reduction < 1:
+        # CUPED: the test runs on the adjusted values, whose variance is this much smaller
+        keep = 1 - c.variance_reduction
+        arm_c, arm_t = ((e, v * keep, n) for e, v, n in (arm_c, arm_t))
+    return power_row(mde_rel=spec.mde_for(m.name), alpha=spec.alpha, control=arm_c, variant=arm_t, rates=(rate_c, rate_t))
+
+
+def _comparison_fields(c: Comparison) -> dict[str, Any]:
+    return {
+        "abs_diff": c.abs_diff, "abs_ci": list(c.abs_ci), "rel_diff": c.rel_diff, "rel_ci": list(c.rel_ci),
+        "p_value": c.p_value,
+    }
+
+
+def _cuped_report(spec: ExperimentSpec, m: AnyMetric, c: Comparison, control: VariantStats, vs: VariantStats):
+    if not (c.method.startswith("cuped") and c.ok):
+        return None
+    plain = compare_metric(spec, m, control, vs, cuped=False)
+    return {
+        "covariate": m.cuped if _custom(m) else "pre_period",
+        "theta": c.theta,
+        "variance_reduction": c.variance_reduction,
+        "unadjusted": _comparison_fields(plain),
+    }
 
 
 def _coverage(spec: ExperimentSpec, stats: Mapping[str, VariantStats]) -> dict[str, Any]:
@@ -104,9 +201,10 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-def empty_variant() -> VariantStats:
-    names = [m.name for m in METRICS.values() if m.kind != "quantile"] + ["coverage"]
-    return VariantStats(0.0, {n: RatioStats() for n in names})
+def empty_variant(custom: tuple[CustomMetric, ...] = ()) -> VariantStats:
+    names = [m.name for m in METRICS.values() if m.kind != "quantile"] + ["coverage"] + [m.name for m in custom]
+    samples = {m.name: SampleStats() for m in custom if _unit_level(m)}
+    return VariantStats(0.0, {n: RatioStats() for n in names}, samples=samples)
 
 
 def analyze(
@@ -115,9 +213,14 @@ def analyze(
     stats: Mapping[str, VariantStats],
     exposures: Mapping[str, float] | None = None,
     extra: Mapping[str, Any] | None = None,
+    segments: Mapping[str, Mapping[str, Mapping[str, VariantStats]]] | None = None,
 ) -> dict[str, Any]:
-    """The CONTRACTS analysis object for one experiment (JSON-ready)."""
-    stats = {v.key: stats.get(v.key) or empty_variant() for v in spec.variants}
+    """The CONTRACTS analysis object for one experiment (JSON-ready).
+
+    ``segments``: per dimension, per value, per-variant statistics of that slice; adds
+    the ``segments`` breakdown (:func:`.segments.segment_breakdown`).
+    """
+    stats = {v.key: stats.get(v.key) or empty_variant(spec.custom) for v in spec.variants}
     unit_counts = exposures if exposures is not None else {k: s.units for k, s in stats.items()}
     srm = srm_check(unit_counts, spec.weights)
     if spec.adaptive:  # the allocator moved the weights between phases: no fixed split to check
@@ -126,11 +229,14 @@ def analyze(
 
     rows: list[dict[str, Any]] = []
     for name in spec.metrics:
-        m = METRICS[name]
+        m = spec.metric_def(name)
         for v in spec.variants:
             vs = stats[v.key]
             row: dict[str, Any] = {"metric": name, "variant": v.key, "units": vs.units, **_arm(spec, m, vs)}
             row["lower_is_better"] = m.lower_is_better
+            row.update(
+                custom=_custom(m), type=m.kind, aggregation=m.aggregation if _custom(m) else "request", cuped=None,
+            )
             if v.key == spec.control:
                 row.update(
                     abs_diff=None, abs_ci=[None, None], rel_diff=None, rel_ci=[None, None],
@@ -140,10 +246,9 @@ def analyze(
                 c = compare_metric(spec, m, control, vs)
                 if c.method.startswith("cuped") and c.ok:
                     row["estimate_cuped"] = c.variant
-                row.update(
-                    abs_diff=c.abs_diff, abs_ci=list(c.abs_ci), rel_diff=c.rel_diff, rel_ci=list(c.rel_ci),
-                    p_value=c.p_value, method=c.method, error=c.error,
-                )
+                row.update(**_comparison_fields(c), method=c.method, error=c.error)
+                row["cuped"] = _cuped_report(spec, m, c, control, vs)
+                row["power"] = _power(spec, m, control, vs, c)
             if name == "accuracy":
                 cov = vs.ratios["coverage"]
                 row["coverage"] = cov.ratio
@@ -184,6 +289,7 @@ def analyze(
         "metrics": rows,
         "guardrails": guardrails,
         "decisions": decisions,
+        "segments": segment_breakdown(spec, segments) if segments else [],
     }
     if extra:
         result.update(extra)

@@ -11,6 +11,8 @@ from typing import Any
 CSV_FIELDS = (
     "experiment", "metric", "variant", "n", "units", "estimate", "ci_lo", "ci_hi", "abs_diff", "abs_ci_lo",
     "abs_ci_hi", "rel_diff", "rel_ci_lo", "rel_ci_hi", "p_value", "p_value_adjusted", "method", "coverage", "error",
+    "custom", "type", "aggregation", "cuped_theta", "cuped_variance_reduction", "unadjusted_p_value",
+    "power_mde_rel", "power_n_needed", "seconds_to_decision",
 )
 
 
@@ -36,8 +38,41 @@ def flat_rows(result: Mapping[str, Any]) -> list[dict[str, Any]]:
             "rel_diff": r["rel_diff"], "rel_ci_lo": r["rel_ci"][0], "rel_ci_hi": r["rel_ci"][1],
             "p_value": r["p_value"], "p_value_adjusted": r.get("p_value_adjusted"), "method": r["method"],
             "coverage": r.get("coverage"), "error": r.get("error"),
+            "custom": r.get("custom"), "type": r.get("type"), "aggregation": r.get("aggregation"),
+            "cuped_theta": (r.get("cuped") or {}).get("theta"),
+            "cuped_variance_reduction": (r.get("cuped") or {}).get("variance_reduction"),
+            "unadjusted_p_value": ((r.get("cuped") or {}).get("unadjusted") or {}).get("p_value"),
+            "power_mde_rel": (r.get("power") or {}).get("mde_rel"),
+            "power_n_needed": (r.get("power") or {}).get("n_needed"),
+            "seconds_to_decision": (r.get("power") or {}).get("seconds_to_decision"),
         })
     return rows
+
+
+def _duration(seconds: Any) -> str:
+    if seconds is None:
+        return "–"
+    if seconds == 0:
+        return "now"
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def _power(r: Mapping[str, Any]) -> str:
+    pw = r.get("power")
+    if not pw or pw.get("n_needed") is None:
+        return "–"
+    return f"{_num(pw['n'], 6)}/{_num(pw['n_needed'], 6)} · {_duration(pw.get('seconds_to_decision'))}"
+
+
+def _method(r: Mapping[str, Any]) -> str:
+    text = r["method"] + (f" ({r['error']})" if r.get("error") else "")
+    cu = r.get("cuped")
+    if cu:
+        text += f" θ={_num(cu['theta'], 3)} −{_num(100 * cu['variance_reduction'], 3) if cu['variance_reduction'] is not None else '–'}% var"
+    return text
 
 
 def to_csv(result: Mapping[str, Any]) -> str:
@@ -63,7 +98,7 @@ def rich_tables(result: Mapping[str, Any]) -> list[Any]:
     head.add_row("inference", f"{inf.get('method')} · correction {inf.get('correction')} · α = {result.get('alpha')}")
 
     metrics = Table(title="metrics")
-    for col in ("metric", "variant", "n", "estimate", "CI", "Δ", "Δ%", "Δ% CI", "p", "p adj", "method"):
+    for col in ("metric", "variant", "n", "estimate", "CI", "Δ", "Δ%", "Δ% CI", "p", "p adj", "power n/needed · ETA", "method"):
         metrics.add_column(col, justify="left" if col in ("metric", "variant", "method") else "right")
     for r in result["metrics"]:
         p_adj = r.get("p_value_adjusted")
@@ -71,11 +106,25 @@ def rich_tables(result: Mapping[str, Any]) -> list[Any]:
         metrics.add_row(
             r["metric"], r["variant"], _num(r["n"], 6), _num(r["estimate"]),
             f"[{_num(r['ci'][0])}, {_num(r['ci'][1])}]", _num(r["abs_diff"]), _pct(r["rel_diff"]),
-            "–" if r["rel_ci"][0] is None else f"[{_pct(r['rel_ci'][0])}, {_pct(r['rel_ci'][1])}]",
-            _num(r["p_value"], 3), _num(p_adj, 3), r["method"] + (f" ({r['error']})" if r.get("error") else ""),
+            "–" if r["rel_ci"][0] is None and r["rel_ci"][1] is None else f"[{_pct(r['rel_ci'][0])}, {_pct(r['rel_ci'][1])}]",
+            _num(r["p_value"], 3), _num(p_adj, 3), _power(r), _method(r),
             style=style,
         )
     tables = [head, metrics]
+    for seg in result.get("segments") or []:
+        st = Table(title=f"segments by {seg['dimension']}")
+        for col in ("value", "metric", "variant", "n", "estimate", "Δ%", "Δ% CI", "p", "p adj"):
+            st.add_column(col, justify="left" if col in ("value", "metric", "variant") else "right")
+        for r in seg["rows"]:
+            if r.get("abs_diff") is None and r.get("p_value") is None:
+                continue  # control rows: their estimate shows in the treatment's Δ
+            st.add_row(r["value"], r["metric"], r["variant"], _num(r["n"], 6), _num(r["estimate"]), _pct(r["rel_diff"]),
+                       f"[{_pct(r['rel_ci'][0])}, {_pct(r['rel_ci'][1])}]", _num(r["p_value"], 3), _num(r["p_value_adjusted"], 3))
+        flagged = [h for h in seg["heterogeneity"] if h["flagged"]]
+        for h in flagged:
+            st.add_row("[bold yellow]differs[/]", h["metric"], h["variant"], "", "", "", f"Q = {_num(h['q'], 3)}, df {h['df']}",
+                       _num(h["p_value"], 3), "")
+        tables.append(st)
     if result.get("guardrails"):
         g = Table(title="guardrails")
         for col in ("variant", "metric", "kind", "status", "reason"):

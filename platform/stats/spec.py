@@ -15,11 +15,12 @@ Guardrails::
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .metrics import DEFAULT_METRICS, METRICS, SLO_METRICS, metric
+from .metrics import DEFAULT_METRICS, METRICS, SLO_METRICS, CustomMetric, MetricDef
 from .sequential import DEFAULT_TUNING_N
 
 
@@ -68,6 +69,23 @@ class ExperimentSpec:
     # weights were changed by the adaptive allocator (phases): the split is not the configured
     # weights, so the sample-ratio check against them does not apply
     adaptive: bool = False
+    custom: tuple[CustomMetric, ...] = ()  # experiment-defined metrics, also named in ``metrics``
+    segments: tuple[str, ...] = ()  # dimensions to slice results by (``dims.<name>``)
+    mde: Mapping[str, float] = field(default_factory=dict)  # metric → relative MDE for power
+
+    def metric_def(self, name: str) -> MetricDef | CustomMetric:
+        """The definition of a built-in or an experiment-defined metric."""
+        for m in self.custom:
+            if m.name == name:
+                return m
+        try:
+            return METRICS[name]
+        except KeyError:
+            known = ", ".join([*METRICS, *(m.name for m in self.custom)])
+            raise ValueError(f"unknown metric {name!r}; known: {known}") from None
+
+    def mde_for(self, name: str) -> float:
+        return float(self.mde.get(name, DEFAULT_MDE))
 
     @property
     def weights(self) -> dict[str, float]:
@@ -102,7 +120,7 @@ def _number(value: Any, name: str, *, lo: float = -math.inf, hi: float = math.in
     return out
 
 
-def _guardrail(raw: Any, i: int) -> Guardrail:
+def _guardrail(raw: Any, i: int, known: Mapping[str, Any]) -> Guardrail:
     where = f"guardrails[{i}]."
     if not isinstance(raw, Mapping):
         raise SpecError(f"guardrails[{i}]: expected a mapping, got {raw!r}")
@@ -110,16 +128,183 @@ def _guardrail(raw: Any, i: int) -> Guardrail:
     if unknown:
         raise SpecError(f"{where}{sorted(unknown)[0]}: unknown field")
     name = _need(raw, "metric", where)
-    try:
-        metric(name)
-    except ValueError as exc:
-        raise SpecError(f"{where}metric: {exc}") from None
+    if name not in known:
+        raise SpecError(f"{where}metric: unknown metric {name!r}; known: {', '.join(known)}")
     bounds = {k: _number(raw[k], f"{where}{k}") for k in ("max", "min", "margin") if raw.get(k) is not None}
     if not bounds:
         raise SpecError(f"{where}: needs one of max, min (SLA) or margin (non-inferiority)")
     if "margin" in bounds and bounds["margin"] < 0:
         raise SpecError(f"{where}margin: must be ≥ 0, got {bounds['margin']}")
     return Guardrail(metric=name, relative=bool(raw.get("relative", False)), pause=bool(raw.get("pause", True)), **bounds)
+
+
+# --- experiment-defined metrics, segments, MDE ---------------------------------------
+
+DEFAULT_MDE = 0.05
+MAX_CUSTOM = 32
+MAX_SEGMENTS = 5
+INFERENCE_SOURCES: tuple[str, ...] = (
+    "e2e_ms", "ttft_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd",
+)
+# Fields where less is better by nature (time, money, failures); everything else: more is better.
+LOWER_IS_BETTER_SOURCES = frozenset({"e2e_ms", "ttft_ms", "tpot_ms", "device_s", "cost_usd", "error"})
+BINARY_SOURCES = frozenset({"error", "correct"})  # proportion also takes measures.* and score
+KNOWN_SOURCES = (*INFERENCE_SOURCES, "measures.<name>", "score", "correct", "error")
+_NAME = re.compile(r"[a-z][a-z0-9_]*")
+_CUSTOM_FIELDS = {
+    "name", "type", "column", "numerator", "denominator", "aggregation", "scale", "quantile",
+    "lower_is_better", "direction", "cuped",
+}
+_KINDS = ("mean", "proportion", "ratio", "quantile")
+_AGGREGATIONS = ("request", "unit_mean", "unit_sum")
+
+
+def _snake(value: Any, where: str, max_len: int = 64) -> str:
+    if not isinstance(value, str) or not _NAME.fullmatch(value) or len(value) > max_len:
+        raise SpecError(f"{where}: {value!r} is not a snake_case name of at most {max_len} characters")
+    return value
+
+
+def _source(value: Any, where: str) -> str:
+    if isinstance(value, str):
+        if value in INFERENCE_SOURCES or value in ("score", "correct", "error"):
+            return value
+        if value.startswith("measures."):
+            _snake(value.removeprefix("measures."), where)
+            return value
+    raise SpecError(f"{where}: unknown source {value!r}; known: {', '.join(KNOWN_SOURCES)}")
+
+
+def _direction(raw: Mapping[str, Any], where: str, natural: str) -> bool:
+    lib = raw.get("lower_is_better")
+    direction = raw.get("direction")
+    if lib is not None and not isinstance(lib, bool):
+        raise SpecError(f"{where}lower_is_better: expected true or false, got {lib!r}")
+    if direction is not None and direction not in ("lower", "higher"):
+        raise SpecError(f"{where}direction: must be lower or higher, got {direction!r}")
+    if lib is not None and direction is not None and lib != (direction == "lower"):
+        raise SpecError(f"{where}direction: contradicts lower_is_better; give one of them")
+    if lib is not None:
+        return lib
+    if direction is not None:
+        return direction == "lower"
+    return natural in LOWER_IS_BETTER_SOURCES
+
+
+def _custom(raw: Any, i: int) -> CustomMetric:
+    where = f"metrics.custom[{i}]."
+    if not isinstance(raw, Mapping):
+        raise SpecError(f"metrics.custom[{i}]: expected a mapping, got {raw!r}")
+    unknown = set(raw) - _CUSTOM_FIELDS
+    if unknown:
+        raise SpecError(f"{where}{sorted(unknown)[0]}: unknown field; known: {', '.join(sorted(_CUSTOM_FIELDS))}")
+    name = _snake(_need(raw, "name", where), f"{where}name")
+    if name in METRICS or name == "coverage":
+        raise SpecError(f"{where}name: {name!r} is a built-in metric; pick another name")
+    kind = _need(raw, "type", where)
+    if kind not in _KINDS:
+        raise SpecError(f"{where}type: must be one of {', '.join(_KINDS)}, got {kind!r}")
+    aggregation = raw.get("aggregation", "request")
+    if aggregation not in _AGGREGATIONS:
+        raise SpecError(f"{where}aggregation: must be one of {', '.join(_AGGREGATIONS)}, got {aggregation!r}")
+    column = numerator = denominator = None
+    if kind == "ratio":
+        for f in ("column", "quantile"):
+            if raw.get(f) is not None:
+                raise SpecError(f"{where}{f}: a ratio takes numerator and denominator, not {f}")
+        numerator = _source(_need(raw, "numerator", where), f"{where}numerator")
+        denominator = _source(_need(raw, "denominator", where), f"{where}denominator")
+        if aggregation != "request":
+            raise SpecError(f"{where}aggregation: a ratio is Σ numerator / Σ denominator; only 'request' applies")
+        natural = numerator
+    else:
+        for f in ("numerator", "denominator"):
+            if raw.get(f) is not None:
+                raise SpecError(f"{where}{f}: only a ratio takes {f}; use column")
+        column = _source(_need(raw, "column", where), f"{where}column")
+        natural = column
+        if kind == "proportion" and column not in BINARY_SOURCES and not column.startswith("measures.") and column != "score":
+            raise SpecError(f"{where}column: a proportion needs a 0/1 source (error, correct, score, measures.*), got {column!r}")
+    scale = 1.0
+    if raw.get("scale") is not None:
+        if kind != "ratio":
+            raise SpecError(f"{where}scale: only a ratio takes a scale")
+        scale = _number(raw["scale"], f"{where}scale")
+        if not (scale > 0 and math.isfinite(scale)):
+            raise SpecError(f"{where}scale: must be a finite number > 0, got {scale}")
+    quantile = None
+    if kind == "quantile":
+        quantile = _number(_need(raw, "quantile", where), f"{where}quantile")
+        if not 0 < quantile < 1:
+            raise SpecError(f"{where}quantile: must be in (0, 1), got {quantile}")
+        if aggregation != "request":
+            raise SpecError(f"{where}aggregation: a quantile is over requests; only 'request' applies")
+    elif raw.get("quantile") is not None:
+        raise SpecError(f"{where}quantile: only type quantile takes a quantile")
+    cuped = None
+    if raw.get("cuped") is not None:
+        c = raw["cuped"]
+        if not isinstance(c, Mapping) or set(c) != {"covariate"}:
+            raise SpecError(f"{where}cuped: expected {{covariate: pre_period | <source>}}, got {c!r}")
+        if kind == "quantile":
+            raise SpecError(f"{where}cuped: CUPED adjusts means and ratios, not quantiles")
+        cov = c["covariate"]
+        cuped = "pre_period" if cov == "pre_period" else _source(cov, f"{where}cuped.covariate")
+    return CustomMetric(
+        name=name, kind=kind, column=column, numerator=numerator, denominator=denominator,
+        aggregation=aggregation, scale=scale, quantile=quantile,
+        lower_is_better=_direction(raw, where, natural), cuped=cuped,
+    )
+
+
+def parse_custom(raw: Any) -> tuple[CustomMetric, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise SpecError("metrics.custom: expected a list of metric definitions")
+    if len(raw) > MAX_CUSTOM:
+        raise SpecError(f"metrics.custom: at most {MAX_CUSTOM} metrics, got {len(raw)}")
+    out = [_custom(m, i) for i, m in enumerate(raw)]
+    seen: set[str] = set()
+    for i, m in enumerate(out):
+        if m.name in seen:
+            raise SpecError(f"metrics.custom[{i}].name: {m.name!r} is defined twice")
+        seen.add(m.name)
+    return tuple(out)
+
+
+def parse_segments(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if isinstance(raw, str) or not isinstance(raw, list):
+        raise SpecError("metrics.segments: expected a list such as [dims.domain]")
+    if len(raw) > MAX_SEGMENTS:
+        raise SpecError(f"metrics.segments: at most {MAX_SEGMENTS} dimensions, got {len(raw)}")
+    out: list[str] = []
+    for i, d in enumerate(raw):
+        if not isinstance(d, str) or not d.startswith("dims."):
+            raise SpecError(f"metrics.segments[{i}]: expected dims.<name>, got {d!r}")
+        _snake(d.removeprefix("dims."), f"metrics.segments[{i}]")
+        if d in out:
+            raise SpecError(f"metrics.segments[{i}]: {d!r} is listed twice")
+        out.append(d)
+    return tuple(out)
+
+
+def parse_mde(raw: Any, known: Mapping[str, Any]) -> dict[str, float]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise SpecError("analysis.mde: expected {metric: relative MDE}, e.g. {judge_score: 0.02}")
+    out = {}
+    for name, value in raw.items():
+        if name not in known:
+            raise SpecError(f"analysis.mde.{name}: unknown metric; known: {', '.join(known)}")
+        v = _number(value, f"analysis.mde.{name}")
+        if not (0 < v and math.isfinite(v)):
+            raise SpecError(f"analysis.mde.{name}: a relative MDE must be > 0, got {v}")
+        out[str(name)] = v
+    return out
 
 
 def parse_spec(data: Mapping[str, Any]) -> ExperimentSpec:
@@ -154,27 +339,37 @@ def parse_spec(data: Mapping[str, Any]) -> ExperimentSpec:
     slos = dict(data.get("slos") or {})
     names: list[str] = list(DEFAULT_METRICS)
     primary = analysis.get("primary", data.get("primary"))
-    if isinstance(metrics_field, Mapping):  # {primary: [...], slos: {...}, report: [...]}
+    custom: tuple[CustomMetric, ...] = ()
+    segments: tuple[str, ...] = ()
+    if isinstance(metrics_field, Mapping):  # {primary, custom, segments, report, slos}
+        unknown = set(metrics_field) - {"primary", "custom", "segments", "report", "slos"}
+        if unknown:
+            raise SpecError(f"metrics.{sorted(unknown)[0]}: unknown field; known: primary, custom, segments, report, slos")
         slos.update(metrics_field.get("slos") or {})
         primary = metrics_field.get("primary", primary)
+        custom = parse_custom(metrics_field.get("custom"))
+        segments = parse_segments(metrics_field.get("segments"))
         names = list(metrics_field.get("report") or names)
     elif isinstance(metrics_field, list):
         names = [str(m) for m in metrics_field]
     elif metrics_field is not None:
         raise SpecError("metrics: expected a list of metric names or a mapping")
+    known: dict[str, Any] = {**METRICS, **{m.name: m for m in custom}}
+    where = "metrics.report" if isinstance(metrics_field, Mapping) else "metrics"
     for i, name in enumerate(names):
-        if name not in METRICS:
-            raise SpecError(f"metrics[{i}]: unknown metric {name!r}; known: {', '.join(METRICS)}")
+        if name not in known:
+            raise SpecError(f"{where}[{i}]: unknown metric {name!r}; known: {', '.join(known)}")
     primary_t = tuple([primary] if isinstance(primary, str) else (primary or ["e2e_ms"]))
     for name in primary_t:
-        if name not in METRICS:
-            raise SpecError(f"primary: unknown metric {name!r}")
+        if name not in known:
+            raise SpecError(f"primary: unknown metric {name!r}; known: {', '.join(known)}")
     for name, bound in slos.items():
         if name not in SLO_METRICS:
             raise SpecError(f"slos.{name}: SLOs may bound {', '.join(SLO_METRICS)}")
         _number(bound, f"slos.{name}", lo=0.0)
-    guardrails = tuple(_guardrail(g, i) for i, g in enumerate(data.get("guardrails") or []))
-    names = list(dict.fromkeys([*names, *primary_t, *(g.metric for g in guardrails)]))
+    guardrails = tuple(_guardrail(g, i, known) for i, g in enumerate(data.get("guardrails") or []))
+    names = list(dict.fromkeys([*names, *primary_t, *(g.metric for g in guardrails), *(m.name for m in custom)]))
+    mde = parse_mde(analysis.get("mde"), known)
 
     correction = str(analysis.get("correction", "holm"))
     if correction not in ("holm", "bh", "none"):
@@ -194,4 +389,7 @@ def parse_spec(data: Mapping[str, Any]) -> ExperimentSpec:
         correction=correction,
         cuped=bool(analysis.get("cuped", True)),
         start=str(data["start"]) if data.get("start") else (str(analysis["start"]) if analysis.get("start") else None),
+        custom=custom,
+        segments=segments,
+        mde=mde,
     )

@@ -92,6 +92,8 @@ class LoaderStats:
     """(topic, partition) → next offset committed (what tests and the lag gauge wait on)."""
     lag: dict[tuple[str, int], int] = field(default_factory=dict)
     """(topic, partition) → records between the committed offset and the partition's end."""
+    restarts: int = 0
+    """Times :meth:`Loader.supervise` reconnected after the consume loop failed."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -103,6 +105,7 @@ class LoaderStats:
             "rollup_units": self.rollup_units,
             "failures": self.failures,
             "consecutive_failures": self.consecutive_failures,
+            "restarts": self.restarts,
             "last_error": self.last_error,
             "bisections": self.bisections,
             "last_flush_at": self.last_flush_at,
@@ -266,6 +269,26 @@ class Loader:
             self._update_lag()
         finally:
             self.close()
+        return self.stats
+
+    def supervise(self, stop_event: threading.Event, *, max_delay_s: float = 30.0) -> LoaderStats:
+        """Run until ``stop_event`` is set, reconnecting with backoff when the loop fails.
+
+        A broker that goes away, a rebalance that fails a commit, a coordinator that moves:
+        each ends one :meth:`run` with an exception; the next run re-reads from the committed
+        offsets, so nothing is lost and (idempotent writes) nothing is counted twice.
+        """
+        delay = 1.0
+        while not stop_event.is_set():
+            try:
+                self.run(stop_event)
+                delay = 1.0
+            except Exception as exc:  # noqa: BLE001 - retried; offsets are committed only after the writes
+                self.stats.restarts += 1
+                self.stats.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+                log.warning("loader stopped (%s); reconnecting in %.0f s", self.stats.last_error, delay)
+                stop_event.wait(delay)
+                delay = min(delay * 2, max_delay_s)
         return self.stats
 
     def _flush_until_stored(self, stop_event: threading.Event) -> None:

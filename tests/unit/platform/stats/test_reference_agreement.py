@@ -84,11 +84,17 @@ def test_ratio_delta_method_matches_linearization(rng):
     z = (rt - rc) / math.sqrt(vc + vt)
     assert res.abs_diff == pytest.approx(rt - rc, abs=TOL)
     assert res.p_value == pytest.approx(2 * stats.norm.sf(abs(z)), abs=TOL)
-    # relative lift: delta method for rt/rc − 1
+    # relative lift: Fieller's interval for rt/rc, the λ the same z-test keeps:
+    # (rt − λ rc)² = z² (vt + λ² vc), solved here with numpy's polynomial roots
+    z2 = stats.norm.ppf(0.975) ** 2
+    lam = np.sort(np.roots([rc**2 - z2 * vc, -2 * rt * rc, rt**2 - z2 * vt]).real)
+    assert res.rel_diff == pytest.approx(rt / rc - 1, abs=TOL)
+    assert res.rel_ci[0] == pytest.approx(lam[0] - 1, abs=TOL)
+    assert res.rel_ci[1] == pytest.approx(lam[1] - 1, abs=TOL)
+    # close to the delta method's symmetric interval at this n, wider on the far side
     var_rel = vt / rc**2 + rt**2 * vc / rc**4
     hw = stats.norm.ppf(0.975) * math.sqrt(var_rel)
-    assert res.rel_diff == pytest.approx(rt / rc - 1, abs=TOL)
-    assert res.rel_ci[1] - res.rel_diff == pytest.approx(hw, abs=TOL)
+    assert res.rel_ci[1] - res.rel_ci[0] == pytest.approx(2 * hw, rel=0.05)
 
 
 def test_ratio_with_one_request_per_unit_is_welch_normal(rng):

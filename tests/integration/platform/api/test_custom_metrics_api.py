@@ -1,0 +1,55 @@
+"""Experiment-defined metrics over real HTTP: the registry takes `metrics.custom`,
+`metrics.segments` and `metrics.mde` in the contract's shape, refuses what the stats engine
+could not analyze with the field named, and lets a guardrail or the primary metric name a
+custom metric."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+CUSTOM = [
+    {"name": "judge_score", "type": "mean", "column": "score"},
+    {"name": "e2e_per_user", "type": "mean", "column": "e2e_ms", "aggregation": "unit_mean",
+     "cuped": {"covariate": "pre_period"}},
+    {"name": "cost_per_1k_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
+    {"name": "ttft_p90", "type": "quantile", "column": "ttft_ms", "quantile": 0.9},
+    {"name": "tool_calls", "type": "mean", "column": "measures.tool_calls"},
+]
+
+
+def _body(key: str, metrics: dict, **extra) -> dict:
+    return {"key": key, "name": key, "traffic": 1.0, "control": "a", "metrics": metrics,
+            "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}], **extra}
+
+
+def test_custom_metrics_segments_and_mde_are_stored_and_used(api_server) -> None:
+    key = f"cm-{uuid.uuid4().hex[:8]}"
+    metrics = {"primary": ["judge_score"], "custom": CUSTOM, "segments": ["dims.domain"], "mde": {"judge_score": 0.02}}
+    with api_server.client("editor") as c:
+        created = c.post("/v1/experiments", json=_body(
+            key, metrics, guardrails=[{"metric": "cost_per_1k_out", "margin": 0.1, "relative": True}]))
+        assert created.status_code == 201, created.text
+        stored = c.get(f"/v1/experiments/{key}").json()
+    assert stored["metrics"]["custom"] == [{**m} for m in CUSTOM]
+    assert stored["metrics"]["segments"] == ["dims.domain"] and stored["metrics"]["mde"] == {"judge_score": 0.02}
+    assert stored["guardrails"][0]["metric"] == "cost_per_1k_out"
+
+
+@pytest.mark.parametrize(("metrics", "guardrails", "field"), [
+    ({"custom": [{"name": "x", "type": "mean", "column": "nonsense"}]}, [], "metrics.custom[0].column"),
+    ({"custom": [{"name": "e2e_ms", "type": "mean", "column": "e2e_ms"}]}, [], "metrics.custom[0].name"),
+    ({"primary": ["not_defined"]}, [], "primary"),
+    ({"segments": ["domain"]}, [], "metrics.segments[0]"),
+    ({"mde": {"judge": 0.1}}, [], "metrics.mde.judge"),
+    ({}, [{"metric": "judge_score", "max": 1}], "guardrails[0].metric"),
+])
+def test_what_the_engine_cannot_analyze_is_refused_with_the_field_named(api_server, metrics, guardrails, field) -> None:
+    key = f"cm-{uuid.uuid4().hex[:8]}"
+    with api_server.client("editor") as c:
+        r = c.post("/v1/experiments", json=_body(key, metrics, guardrails=guardrails))
+    assert r.status_code == 422, r.text
+    assert field in r.text, r.text

@@ -8,6 +8,9 @@
    migration 0006, which the loader maintains; filled here from the raw events as the
    migration does for a pre-existing store), the rollup step of a loader batch, and the
    raw scan with and without ``FINAL`` for comparison.
+3. The same store with three custom metrics (a judge score, a measure per user, a ratio)
+   and a breakdown by ``dims.domain`` (5 values): the raw scan of the per-unit plan
+   (``ablab.platform.stats.unit_agg``), with and without ``FINAL`` — goal ≤ 2 s.
 
 Usage: .venv/bin/python benchmarks/bench_analyze.py [--rows 1000000] [--store-rows 10000000] [--repeat 3]
 """
@@ -36,6 +39,18 @@ SPEC = spec_dict(
     slos={"ttft_ms": 200, "tpot_ms": 25},
     guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.02}],
 )
+# three experiment-defined metrics (a judge score, a custom measure per user, a ratio) and a
+# breakdown by one dimension with 5 values
+CUSTOM = [
+    {"name": "judge_score", "type": "mean", "column": "score"},
+    {"name": "tools_per_user", "type": "mean", "column": "measures.tool_calls", "aggregation": "unit_mean"},
+    {"name": "cost_per_1k_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
+]
+
+
+def custom_spec(base: dict) -> dict:
+    metrics = dict(base.get("metrics") or {})
+    return {**base, "metrics": {**metrics, "custom": CUSTOM, "segments": ["dims.domain"]}}
 
 
 def _child_cpu() -> float:
@@ -78,21 +93,25 @@ def bench_cli(rows: int, repeat: int, work: Path) -> None:
 
 INSERT_INFERENCE = """
 INSERT INTO raw_events (event_id, type, ts, trace_id, experiment, variant, unit_id, ttft_ms, e2e_ms, tpot_ms,
-                        output_tokens, cost_usd, price_version, error, strategy, source, payload, kafka_partition, kafka_offset)
+                        output_tokens, cost_usd, price_version, error, strategy, source, payload, kafka_partition, kafka_offset,
+                        measures, dims)
 SELECT concat('i', toString(number)), 'inference',
        toDateTime64('2026-12-01 00:00:00', 3, 'UTC') + toIntervalMillisecond(intDiv(number * 3600000, {n:UInt64})),
        concat('t', toString(number)), 'bench', if(u % 2 = 0, 'control', 'compressed'), concat('u', toString(u)),
        120 * exp(randNormal(0, 0.35)) * if(u % 2 = 0, 1.0, 0.9) AS ttft,
        ttft + 40 * 18 * exp(randNormal(0, 0.2)) * if(u % 2 = 0, 1.0, 0.9),
        18 * exp(randNormal(0, 0.2)) * if(u % 2 = 0, 1.0, 0.9), 41,
-       0.0001 * exp(randNormal(0, 0.3)), 'p1', if(rand() % 100 = 0, 'timeout', NULL), '{{}}', '', '', 0, number
+       0.0001 * exp(randNormal(0, 0.3)), 'p1', if(rand() % 100 = 0, 'timeout', NULL), '{{}}', '', '', 0, number,
+       map('tool_calls', toFloat64(rand() % 5), 'steps', toFloat64(1 + rand() % 9)),
+       map('domain', concat('d', toString(cityHash64(number, 3) % 5)))
 FROM (SELECT number, cityHash64(number, 7) % {units:UInt64} AS u FROM numbers({n:UInt64}))
 """
 INSERT_FEEDBACK = """
-INSERT INTO raw_events (event_id, type, ts, trace_id, experiment, variant, unit_id, correct, price_version,
+INSERT INTO raw_events (event_id, type, ts, trace_id, experiment, variant, unit_id, correct, score, price_version,
                         strategy, source, payload, kafka_partition, kafka_offset)
 SELECT concat('f', toString(number)), 'feedback', toDateTime64('2026-12-01 01:00:00', 3, 'UTC'),
-       concat('t', toString(number)), '', '', '', toUInt8(rand() % 100 < 80), '', '', 'human', '', 0, number
+       concat('t', toString(number)), '', '', '', toUInt8(rand() % 100 < 80), (rand() % 1000) / 100, '', '',
+       'judge', '', 0, number
 FROM numbers({n:UInt64}) WHERE number % {every:UInt64} = 0
 """
 INSERT_EXPOSURE = """
@@ -117,12 +136,12 @@ def _loader_batch(n: int, units: int, seed: int) -> list[tuple]:
         ttft = 120 * rng.lognormvariate(0, 0.35)
         rows.append((f"b{seed}-{i}", "inference", base + timedelta(milliseconds=i), f"bt{seed}-{i}", "bench",
                      "control" if u % 2 == 0 else "compressed", f"u{u}", ttft, ttft + 700, 18.0, 10, 41, 0.1, 0.0001,
-                     "p1", None, "{}", None, None, "", "", 0, i))
+                     "p1", None, "{}", None, None, "", "", {}, {}, 0, i))
     return rows
 
 
 def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None:
-    from ablab.platform.stats.store_query import results, results_from_store
+    from ablab.platform.analytics.results import results, results_from_raw, sync_rollup
     from ablab.streaming.loader.rows import RAW_COLUMNS
     from ablab.streaming.store import apply_ddl, make_client, rollup
 
@@ -146,16 +165,16 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None
     rollup.backfill_from_raw(client)
     print(f"[rollup] backfilled unit_events/trace_facts from raw in {time.perf_counter() - t:.1f} s (one-off)")
     t = time.perf_counter()
-    repaired = rollup.ensure_fresh(client, spec.key, spec.slos)
-    print(f"[rollup] first read computed {repaired['missing']:,} units in {time.perf_counter() - t:.1f} s (one-off)")
+    repaired = sync_rollup(client, spec)
+    print(f"[rollup] maintenance step computed {repaired['missing']:,} units in {time.perf_counter() - t:.1f} s (one-off)")
     times, cpu = [], []
     for _ in range(repeat):
         c0 = _self_cpu()
         t = time.perf_counter()
-        result = results(client, spec)  # what GET /v1/experiments/{key}/results runs: checks + rollup read + engine
+        result = results(client, spec)  # what GET /v1/experiments/{key}/results runs: SLO check + rollup read + engine
         times.append(time.perf_counter() - t)
         cpu.append(_self_cpu() - c0)
-    print(f"[rollup] results for {total:,} events (API path: freshness checks + unit_stats read + engine): "
+    print(f"[rollup] results for {total:,} events (API path: SLO check + unit_stats read + engine): "
           f"wall median {statistics.median(times):.2f} s (min {min(times):.2f}), CPU median {statistics.median(cpu):.2f} s "
           f"over {repeat} runs; load avg {os.getloadavg()[0]:.1f}; decision {result['decisions'][0]['decision']}")
     # what one loader batch costs the rollup on this store: 2,000 new requests from 1,000 users,
@@ -171,12 +190,13 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None
     t = time.perf_counter()
     result = results(client, spec)
     print(f"[rollup] results after those batches: wall {time.perf_counter() - t:.2f} s; load avg {os.getloadavg()[0]:.1f}")
+    bench_custom(client, total, repeat)
     for final in (True, False) if raw else ():
         times, cpu = [], []
         for _ in range(repeat):
             c0 = _self_cpu()
             t = time.perf_counter()
-            result = results_from_store(client, spec, final=final)
+            result = results_from_raw(client, spec, final=final)
             times.append(time.perf_counter() - t)
             cpu.append(_self_cpu() - c0)
         e2e = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control")
@@ -184,6 +204,33 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None
               f"(min {min(times):.2f}), CPU median {statistics.median(cpu):.2f} s over {repeat} runs; "
               f"load avg {os.getloadavg()[0]:.1f}; e2e_ms rel_diff {e2e['rel_diff']:+.4f}, "
               f"decision {result['decisions'][0]['decision']}")
+
+
+def bench_custom(client, total: int, repeat: int) -> None:
+    """Results with three custom metrics and a 5-value segment breakdown: the raw scan of the
+    one per-unit plan (custom metrics and segments are not in the rollup)."""
+    from ablab.platform.analytics.results import _analyze, aggregates_from_raw
+
+    spec = parse_spec(custom_spec({**SPEC, "key": "bench"}))
+    for final in (True, False):
+        times, cpu, agg_t = [], [], []
+        for _ in range(repeat):
+            c0 = _self_cpu()
+            t = time.perf_counter()
+            agg = aggregates_from_raw(client, spec, final=final)
+            agg_t.append(time.perf_counter() - t)
+            try:
+                result = _analyze(spec, agg)
+            except (KeyError, ValueError) as exc:  # an engine without custom metrics yet
+                result = {"error": str(exc)}
+            times.append(time.perf_counter() - t)
+            cpu.append(_self_cpu() - c0)
+        seg = agg.segments["dims.domain"]
+        print(f"[custom] results for {total:,} events, 3 custom metrics + dims.domain ({len(seg)} values), FINAL={final}: "
+              f"wall median {statistics.median(times):.2f} s (min {min(times):.2f}; aggregation alone median "
+              f"{statistics.median(agg_t):.2f} s), CPU median {statistics.median(cpu):.2f} s over {repeat} runs; "
+              f"load avg {os.getloadavg()[0]:.1f}; {sum(len(s.get('rows', [])) for s in result.get('segments', []))} segment rows"
+              + (f"; engine: {result['error'][:80]}" if "error" in result else ""))
 
 
 def main() -> None:

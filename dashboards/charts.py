@@ -137,3 +137,54 @@ def waterfall_chart(shapley: Mapping[str, Any], metric: str) -> alt.Chart:
         color=alt.Color("kind:N", title="", scale=alt.Scale(domain=["factor", "total"], range=["#4c78a8", "#f58518"])),
         tooltip=["step", alt.Tooltip("share:Q", format=",.4g")],
     ).properties(title=f"Shapley attribution of the {metric_label(metric).lower()} change", height=300)
+
+
+def segment_frame(segment: Mapping[str, Any], metric: str) -> pd.DataFrame:
+    """Relative effect and its CI per segment value and treatment, for one metric."""
+    rows = []
+    for r in segment.get("rows") or []:
+        ci = r.get("rel_ci") or [None, None]
+        if r.get("metric") != metric or r.get("rel_diff") is None:
+            continue
+        rows.append({"segment": str(r.get("value")), "variant": str(r.get("variant")), "rel": _scale("error_rate", r["rel_diff"]),
+                     "lo": _scale("error_rate", ci[0]), "hi": _scale("error_rate", ci[1]), "n": r.get("n")})
+    return pd.DataFrame(rows, columns=["segment", "variant", "rel", "lo", "hi", "n"])
+
+
+def segment_chart(segment: Mapping[str, Any], metric: str) -> alt.LayerChart:
+    """Forest plot: each segment's relative effect with its CI; a zero line to read against."""
+    df = segment_frame(segment, metric)
+    base = alt.Chart(df).encode(y=alt.Y("segment:N", title=str(segment.get("dimension", "segment"))),
+                                color=alt.Color("variant:N", title="Variant"), yOffset="variant:N")
+    bars = base.mark_rule(strokeWidth=2).encode(x=alt.X("lo:Q", title="Relative difference vs control (%)"), x2="hi:Q")
+    points = base.mark_point(filled=True, size=70).encode(
+        x="rel:Q", tooltip=["segment", "variant", alt.Tooltip("rel:Q", format="+.2f", title="relative %"), "n"])
+    zero = alt.Chart(pd.DataFrame({"x": [0]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x="x:Q")
+    return (bars + points + zero).properties(
+        title=f"{metric_label(metric)} by {segment.get('dimension', 'segment')}", height=28 * max(2, len(df)))
+
+
+def cuped_frame(result: Mapping[str, Any]) -> pd.DataFrame:
+    """Adjusted and unadjusted relative CIs side by side, per CUPED row."""
+    rows = []
+    for r in result.get("metrics", []):
+        cuped = r.get("cuped")
+        if not isinstance(cuped, Mapping):
+            continue
+        raw = cuped.get("unadjusted") or {}
+        for label, src in (("CUPED-adjusted", r), ("unadjusted", raw)):
+            ci = src.get("rel_ci") or [None, None]
+            rows.append({"metric": f"{metric_label(r['metric'])} · {r['variant']}", "comparison": label,
+                         "rel": _scale("error_rate", src.get("rel_diff")), "lo": _scale("error_rate", ci[0]),
+                         "hi": _scale("error_rate", ci[1])})
+    return pd.DataFrame(rows, columns=["metric", "comparison", "rel", "lo", "hi"])
+
+
+def cuped_chart(result: Mapping[str, Any]) -> alt.LayerChart:
+    """How much narrower CUPED made each interval: adjusted above unadjusted."""
+    df = cuped_frame(result)
+    base = alt.Chart(df).encode(y=alt.Y("metric:N", title=None), yOffset="comparison:N",
+                                color=alt.Color("comparison:N", title=None))
+    return (base.mark_rule(strokeWidth=3).encode(x=alt.X("lo:Q", title="Relative difference vs control (%)"), x2="hi:Q")
+            + base.mark_point(filled=True, size=60).encode(x="rel:Q")).properties(
+        title="CUPED: adjusted vs unadjusted 95% CI", height=40 * max(2, df["metric"].nunique()))

@@ -11,15 +11,13 @@ from typing import Any
 
 import pandas as pd
 
+from ablab.platform import fields
+
 # metric → (label, unit kind); the unit kind picks the formatter.
+# metric → (label, unit kind); the unit kind picks the formatter. Measured fields and their
+# window percentiles are labelled in the field catalogue; derived metrics here.
 METRIC_LABELS: dict[str, tuple[str, str]] = {
-    "e2e_ms": ("Latency (mean)", "ms"),
-    "e2e_ms_p95": ("Latency p95", "ms"),
-    "e2e_ms_p99": ("Latency p99", "ms"),
-    "ttft_ms": ("TTFT (mean)", "ms"),
-    "ttft_ms_p95": ("TTFT p95", "ms"),
-    "ttft_ms_p99": ("TTFT p99", "ms"),
-    "tpot_ms": ("TPOT (mean)", "ms"),
+    **fields.labels(),
     "accuracy": ("Accuracy", "pct"),
     "cost_usd": ("Cost per request", "usd"),
     "cost_per_correct": ("Cost per correct answer", "usd"),
@@ -154,7 +152,7 @@ def results_table(result: Mapping[str, Any]) -> pd.DataFrame:
         n = r.get("n")
         coverage = r.get("coverage")
         out.append({
-            "Metric": metric_label(m),
+            "Metric": metric_label(m) + (" (custom)" if r.get("custom") else ""),
             "Variant": r["variant"] + (" (control)" if is_control else ""),
             "n": fmt_count(n) + (f" · {fmt_pct(coverage)} labeled" if m == "accuracy" and _finite(coverage) else ""),
             "Estimate": fmt_value(m, r.get("estimate")),
@@ -226,3 +224,79 @@ def _date(value: Any) -> str:
         return pd.Timestamp(value).strftime("%Y-%m-%d %H:%M")
     except (ValueError, TypeError):
         return str(value)
+
+
+# -- CUPED, power and segments (fields absent from older results are tolerated) ----------
+def fmt_duration(seconds: Any) -> str:
+    if not _finite(seconds):
+        return "—"
+    if seconds <= 0:
+        return "now"
+    for unit, size in (("d", 86_400), ("h", 3_600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:,.1f} {unit}"
+    return f"{seconds:,.0f} s"
+
+
+def cuped_table(result: Mapping[str, Any]) -> pd.DataFrame:
+    """Each CUPED-adjusted treatment row: theta, the variance removed, and the adjusted
+    comparison beside the unadjusted one."""
+    out = []
+    for r in result.get("metrics", []):
+        cuped = r.get("cuped")
+        if not isinstance(cuped, Mapping):
+            continue
+        raw = cuped.get("unadjusted") or {}
+        m = r["metric"]
+        out.append({
+            "Metric": metric_label(m), "Variant": r["variant"], "Covariate": str(cuped.get("covariate", "—")),
+            "θ (theta)": f"{cuped['theta']:.4g}" if _finite(cuped.get("theta")) else "—",
+            "Variance reduction": fmt_pct(cuped.get("variance_reduction")),
+            "Adjusted": f"{fmt_pct(r.get('rel_diff'), signed=True)} {_rel_ci(r.get('rel_ci'))}",
+            "Adjusted p": fmt_p(r.get("p_value")),
+            "Unadjusted": f"{fmt_pct(raw.get('rel_diff'), signed=True)} {_rel_ci(raw.get('rel_ci'))}",
+            "Unadjusted p": fmt_p(raw.get("p_value")),
+        })
+    return pd.DataFrame(out)
+
+
+def power_table(result: Mapping[str, Any]) -> pd.DataFrame:
+    """Per treatment row with a power estimate: units needed per variant for the metric's
+    minimum detectable effect, units so far, and the projected time to a decision."""
+    out = []
+    for r in result.get("metrics", []):
+        power = r.get("power")
+        if not isinstance(power, Mapping):
+            continue
+        n, needed = power.get("n"), power.get("n_needed")
+        progress = min(1.0, n / needed) if _finite(n) and _finite(needed) and needed > 0 else None
+        out.append({
+            "Metric": metric_label(r["metric"]), "Variant": r["variant"],
+            "MDE (relative)": fmt_pct(power.get("mde_rel")),
+            "Units per variant": fmt_count(n), "Needed": fmt_count(needed),
+            "Progress": fmt_pct(progress, digits=0),
+            "Time to decision": fmt_duration(power.get("seconds_to_decision")) if _finite(power.get("seconds_to_decision"))
+            else ("reached" if progress == 1.0 else "unknown (no traffic rate yet)"),
+        })
+    return pd.DataFrame(out)
+
+
+def segment_tables(result: Mapping[str, Any]) -> list[tuple[str, pd.DataFrame, pd.DataFrame]]:
+    """Per segment dimension: (dimension, rows, heterogeneity) ready for ``st.dataframe``."""
+    out = []
+    for seg in result.get("segments") or []:
+        dimension = str(seg.get("dimension", "?"))
+        rows = pd.DataFrame([{
+            "Segment": str(r.get("value")), "Metric": metric_label(str(r.get("metric"))), "Variant": str(r.get("variant")),
+            "n": fmt_count(r.get("n")), "Estimate": fmt_value(str(r.get("metric")), r.get("estimate")),
+            "Relative": fmt_pct(r.get("rel_diff"), signed=True), "Relative CI": _rel_ci(r.get("rel_ci")),
+            "p-value (adj.)": fmt_p(r.get("p_value_adjusted", r.get("p_value"))),
+        } for r in seg.get("rows") or []])
+        het = pd.DataFrame([{
+            "Metric": metric_label(str(h.get("metric"))), "Variant": str(h.get("variant")),
+            "Q": f"{h['q']:.3g}" if _finite(h.get("q")) else "—", "df": fmt_count(h.get("df")),
+            "p-value": fmt_p(h.get("p_value")),
+            "Effect differs by segment": "🚩 yes" if h.get("flagged") else "no",
+        } for h in seg.get("heterogeneity") or []])
+        out.append((dimension, rows, het))
+    return out

@@ -180,3 +180,81 @@ def validate_update(body: Mapping[str, Any], catalog: FactorCatalog | None = Non
 def diff_update(current: Mapping[str, Any], wanted: Mapping[str, Any]) -> dict[str, Any]:
     """Only the fields that changed, so a PATCH never rewrites what the user did not touch."""
     return {k: v for k, v in wanted.items() if current.get(k) != v}
+
+
+# -- custom metrics and segments (metrics.custom, metrics.segments) -----------------------
+CUSTOM_TYPES = ("mean", "proportion", "ratio", "quantile")
+AGGREGATIONS = ("request", "unit_mean", "unit_sum")
+CUSTOM_COLUMNS = ("name", "type", "column", "numerator", "denominator", "aggregation", "scale", "quantile",
+                  "lower_is_better", "cuped")
+"""The editor table's columns; ``cuped`` is empty (none), ``pre_period`` or a covariate source."""
+
+
+def _blank(value: Any) -> bool:
+    if value is None:
+        return True
+    if isinstance(value, float) and value != value:  # NaN from an emptied table cell
+        return True
+    return isinstance(value, str) and not value.strip()
+
+
+def custom_rows(custom: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """``metrics.custom`` as the editor's table rows (one per metric, every column present)."""
+    out = []
+    for m in custom or []:
+        cuped = m.get("cuped")
+        covariate = cuped.get("covariate") if isinstance(cuped, Mapping) else cuped
+        out.append({
+            "name": m.get("name", ""), "type": m.get("type", "mean"), "column": m.get("column"),
+            "numerator": m.get("numerator"), "denominator": m.get("denominator"),
+            "aggregation": m.get("aggregation", "request"), "scale": m.get("scale"), "quantile": m.get("quantile"),
+            "lower_is_better": bool(m.get("lower_is_better", False)), "cuped": covariate,
+        })
+    return out
+
+
+def custom_from_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The editor's table back to ``metrics.custom``: empty cells dropped, rows without a name
+    skipped (a half-typed new row), ``cuped`` as ``{covariate: …}``. The API validates the rest
+    and its messages appear under the table."""
+    out = []
+    for row in rows:
+        if _blank(row.get("name")):
+            continue
+        metric: dict[str, Any] = {}
+        for column in CUSTOM_COLUMNS:
+            value = row.get(column)
+            if _blank(value):
+                continue
+            if isinstance(value, str):
+                value = value.strip()
+            if column == "cuped":
+                metric["cuped"] = {"covariate": value}
+            elif column == "lower_is_better":
+                if bool(value):
+                    metric["lower_is_better"] = True
+            elif column == "aggregation" and value == "request":
+                continue
+            elif column in ("scale", "quantile"):
+                metric[column] = float(value)
+            else:
+                metric[column] = value
+        out.append(metric)
+    return out
+
+
+def parse_segments(text: str) -> list[str]:
+    """``dims.domain, dims.length`` → ``["dims.domain", "dims.length"]`` (order kept, no repeats)."""
+    out: list[str] = []
+    for part in text.replace("\n", ",").split(","):
+        part = part.strip()
+        if part and part not in out:
+            out.append(part)
+    return out
+
+
+def errors_under(errors: Mapping[str, str], prefix: str) -> list[str]:
+    """The API's messages for ``prefix`` and anything below it (``metrics.custom.1.column``),
+    each with the path that locates it."""
+    return [f"{key}: {msg}" if key != prefix else msg for key, msg in errors.items()
+            if key == prefix or key.startswith(prefix + ".")]

@@ -16,7 +16,8 @@ typo in a producer is an error with the field named, not a silently missing metr
 :func:`validate_event` turns any raw input into either an :data:`Event` or a
 :class:`Rejection`; it never raises on bad data.
 
-Physical bounds live in one table, :data:`FIELD_BOUNDS`: a latency over a day, a negative
+Physical bounds live in one table, :data:`FIELD_BOUNDS` (a view of the field catalogue,
+:mod:`ablab.platform.fields`): a latency over a day, a negative
 or non-finite number, a cost over :data:`MAX_COST_USD` is not a measurement and is refused
 with the field named (it would otherwise poison every aggregate it reaches). Event times
 are bounded twice: statically here (:data:`TS_RANGE`, so nothing outside what the stores
@@ -56,6 +57,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from ablab.platform.fields import DAY_S, FIELDS, MAX_COST_USD
+
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 MAX_EVENT_BYTES = 64 * 1024
@@ -71,11 +74,6 @@ _ID_PATTERN = r"^[A-Za-z0-9_.:\-]+$"  # printable, no spaces: safe as a Kafka ke
 
 # --- physical bounds ---------------------------------------------------------------------
 
-DAY_S = 86_400.0
-MAX_COST_USD = 1_000_000.0
-"""Ceiling of one cost: a request, or one billed resource over its period."""
-
-
 @dataclass(frozen=True, slots=True)
 class Bound:
     """The physical range of one numeric field, inclusive: outside it a value is not a measurement."""
@@ -90,16 +88,10 @@ class Bound:
 
 
 FIELD_BOUNDS: Mapping[str, Bound] = MappingProxyType({
-    "ttft_ms": Bound(0.0, DAY_S * 1000, "ms", "a request lasts at most a day"),
-    "e2e_ms": Bound(0.0, DAY_S * 1000, "ms", "a request lasts at most a day"),
-    "tpot_ms": Bound(0.0, DAY_S * 1000, "ms", "a token takes at most a day"),
-    "device_s": Bound(0.0, DAY_S, "s", "a request holds a device for at most a day"),
-    "cost_usd": Bound(0.0, MAX_COST_USD, "USD", f"one cost record is at most {MAX_COST_USD:,.0f} USD"),
-    "prompt_tokens": Bound(0, 10_000_000, "tokens", "no context holds more than 10 M tokens"),
-    "output_tokens": Bound(0, 10_000_000, "tokens", "no request generates more than 10 M tokens"),
-    "score": Bound(-1e9, 1e9, "", "a label score is a bounded grade"),
+    f.name: Bound(f.lo, f.hi, f.unit, f.why) for f in FIELDS.values()
 })
-"""Per-field bounds every event model takes its numeric constraints from (one source)."""
+"""Per-field bounds every event model takes its numeric constraints from: a view of the
+field catalogue (:mod:`ablab.platform.fields`), the one place a field is declared."""
 
 TS_RANGE = (datetime(2000, 1, 1, tzinfo=UTC), datetime(2200, 1, 1, tzinfo=UTC))
 """Event times any validation accepts, clock-free (ClickHouse DateTime64 holds 1900-2299)."""

@@ -18,6 +18,7 @@ from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import STATUS_BADGES, fmt_pct, md_escape, metric_label
 from ablab.dashboards.views.common import Context, call, field_error, goto
 from ablab.platform.assignment.targeting import Op
+from ablab.platform.fields import FIELDS, SLO_FIELDS
 from ablab.platform.stats.metrics import METRICS
 from ablab.dashboards.views.strategy import factors_panel, load_catalog, strategy_picker
 from ablab.platform.factors.catalog import FactorCatalog
@@ -72,30 +73,78 @@ def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[st
     return out, ", ".join(keys)
 
 
+def _custom_metrics(prefix: str, current: dict[str, Any], errors: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
+    """``metrics.custom`` as an editable table (add, edit, remove rows) and ``metrics.segments``."""
+    st.caption("Custom metrics: a mean, proportion, ratio or quantile over a field (e.g. `e2e_ms`), "
+               "a custom measure (`measures.tool_calls`), a label (`score`, `correct`) or `error`; "
+               "CUPED covariate `pre_period` or a source name.")
+    key = f"{prefix}_custom"
+    _init(key + "_rows", forms.custom_rows(current.get("custom")))
+    table = st.data_editor(
+        pd.DataFrame(st.session_state[key + "_rows"], columns=list(forms.CUSTOM_COLUMNS)),
+        key=key, num_rows="dynamic", use_container_width=True, hide_index=True,
+        column_config={
+            "name": st.column_config.TextColumn("Name", help="Lower snake case; usable as a primary metric or guardrail."),
+            "type": st.column_config.SelectboxColumn("Type", options=list(forms.CUSTOM_TYPES), default="mean"),
+            "column": st.column_config.TextColumn("Source", help="mean / proportion / quantile: e.g. score, measures.tool_calls"),
+            "numerator": st.column_config.TextColumn("Numerator", help="ratio only"),
+            "denominator": st.column_config.TextColumn("Denominator", help="ratio only"),
+            "aggregation": st.column_config.SelectboxColumn("Aggregation", options=list(forms.AGGREGATIONS), default="request"),
+            "scale": st.column_config.NumberColumn("Scale", help="ratio: multiply by this (1000 = per 1k)"),
+            "quantile": st.column_config.NumberColumn("Quantile", min_value=0.0, max_value=1.0, help="quantile only, e.g. 0.9"),
+            "lower_is_better": st.column_config.CheckboxColumn("Lower is better", default=False),
+            "cuped": st.column_config.TextColumn("CUPED covariate", help="empty, pre_period or a source name"),
+        },
+    )
+    custom = forms.custom_from_rows(table.to_dict("records"))
+    for message in forms.errors_under(errors, "metrics.custom"):
+        st.error(md_escape(message), icon="✋")
+    seg_key = f"{prefix}_segments"
+    _init(seg_key, ", ".join(current.get("segments") or []))
+    segments = forms.parse_segments(st.text_input(
+        "Segments (break results down by)", key=seg_key, placeholder="dims.domain, dims.prompt_length",
+        help="A custom dimension of the events (dims.<name>) or an assignment attribute; comma-separated.",
+    ))
+    for message in forms.errors_under(errors, "metrics.segments"):
+        st.error(md_escape(message), icon="✋")
+    return custom, segments
+
+
 def _metrics(prefix: str, current: dict[str, Any] | None, errors: dict[str, str]) -> dict[str, Any]:
     current = current or {}
-    names = list(METRICS)
-    label = lambda m: f"{metric_label(m)} ({m})"  # noqa: E731
+    custom, segments = _custom_metrics(prefix, current, errors)
+    custom_names = [m["name"] for m in custom if m.get("name")]
+    names = [*METRICS, *(n for n in custom_names if n not in METRICS)]
+    label = lambda m: f"{metric_label(m)} ({m})" if m in METRICS else f"{m} (custom)"  # noqa: E731
     primary = st.multiselect("Primary metrics (decide ship / don't ship)", names, key=f"{prefix}_primary", format_func=label,
-                             default=[m for m in current.get("primary", ["e2e_ms"]) if m in METRICS],
-                             help="Good direction comes from the catalogue: latency and cost lower, accuracy higher.")
+                             default=[m for m in current.get("primary", ["e2e_ms"]) if m in names],
+                             help="Good direction comes from the catalogue: latency and cost lower, accuracy higher; "
+                                  "a custom metric's from its Lower-is-better box.")
     field_error(errors, "metrics.primary")
     report = st.multiselect("Also report", names, key=f"{prefix}_report", format_func=label,
-                            default=[m for m in (current.get("report") or names) if m in METRICS])
+                            default=[m for m in (current.get("report") or names) if m in names])
     field_error(errors, "metrics.report")
     st.caption("SLOs for goodput (share of requests meeting every SLO); leave empty for none.")
     slos: dict[str, float] = {}
-    cols = st.columns(3)
-    for col, name in zip(cols, ("ttft_ms", "tpot_ms", "e2e_ms")):
+    cols = st.columns(len(SLO_FIELDS))
+    for col, name in zip(cols, SLO_FIELDS):
         key = f"{prefix}_slo_{name}"
         _init(key, (current.get("slos") or {}).get(name))
         with col:
-            value = st.number_input(f"{metric_label(name)} SLO (ms)", min_value=0.0, key=key, placeholder="none", format="%.0f")
+            value = st.number_input(f"{metric_label(name)} SLO ({FIELDS[name].unit})", min_value=0.0, key=key,
+                                    placeholder="none", format="%.0f")
         if value:
             slos[name] = float(value)
     field_error(errors, "metrics.slos")
     field_error(errors, "metrics")
-    return {"primary": primary, "report": None if set(report) == set(names) else report, "slos": slos}
+    out: dict[str, Any] = {"primary": primary, "report": None if set(report) == set(names) else report, "slos": slos}
+    # Sent only when used (or when clearing what the experiment had), so an API that predates
+    # them still takes every other edit.
+    if custom or current.get("custom"):
+        out["custom"] = custom
+    if segments or current.get("segments"):
+        out["segments"] = segments
+    return out
 
 
 def _guardrails(prefix: str, current: list[dict[str, Any]] | None, errors: dict[str, str]) -> list[dict[str, Any]]:

@@ -1,5 +1,6 @@
-"""Results at a glance: decisions, SRM, guardrails, the per-variant table, live windows,
-latency distributions, the Pareto trade-off and the factor attribution."""
+"""Results at a glance: decisions, SRM, guardrails, the per-variant table (custom metrics
+included), CUPED, power, segments, live windows, latency distributions, the Pareto
+trade-off and the factor attribution."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import streamlit as st
 from ablab.dashboards import charts
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import (
-    DECISION_BADGES, STATUS_BADGES, fmt_count, fmt_p, fmt_pct, fmt_value, guardrail_table, md_escape, metric_label,
-    results_csv, results_table,
+    DECISION_BADGES, STATUS_BADGES, cuped_table, fmt_count, fmt_p, fmt_pct, fmt_value, guardrail_table, md_escape,
+    metric_label, power_table, results_csv, results_table, segment_tables,
 )
 from ablab.dashboards.views.common import Context, goto, show_api_error
 
@@ -61,6 +62,9 @@ def render(ctx: Context, key: str | None) -> None:
     _decisions(result)
     _table(result, key)
     _guardrails(result)
+    _cuped(result)
+    _power(result)
+    _segments(result)
     _live(ctx, key)
     _distributions(ctx, key, result)
     _attribution(ctx, key)
@@ -108,6 +112,51 @@ def _table(result: dict[str, Any], key: str) -> None:
         st.caption("Label coverage: " + " · ".join(f"{v}: {fmt_pct(c.get('coverage'))} of {fmt_count(c.get('requests'))} requests labeled"
                                                    for v, c in cov.items()))
     st.altair_chart(charts.estimates_chart(result, ("e2e_ms", "e2e_ms_p95", "ttft_ms", "ttft_ms_p95")), width="content")
+
+
+def _cuped(result: dict[str, Any]) -> None:
+    table = cuped_table(result)
+    if table.empty:
+        return
+    st.subheader("Variance reduction (CUPED)")
+    st.caption("Each adjusted comparison beside the unadjusted one; θ is the covariate's regression weight, "
+               "the variance reduction how much narrower the adjustment made the interval's variance.")
+    st.dataframe(table, hide_index=True, width="stretch")
+    st.altair_chart(charts.cuped_chart(result), width="stretch")
+
+
+def _power(result: dict[str, Any]) -> None:
+    table = power_table(result)
+    if table.empty:
+        return
+    st.subheader("Power: how long until a decision")
+    st.caption("Randomization units needed per variant to detect the metric's minimum detectable effect "
+               "(set per metric under analysis.mde; 5 % by default), and the time the current traffic takes to get there.")
+    st.dataframe(table, hide_index=True, width="stretch")
+
+
+def _segments(result: dict[str, Any]) -> None:
+    segments = result.get("segments") or []
+    if not segments:
+        return
+    st.subheader("Segments")
+    st.caption("Effects per segment, p-values corrected across segments; 🚩 marks a treatment whose effect "
+               "differs between segments (heterogeneity test).")
+    tables = segment_tables(result)
+    tabs = st.tabs([md_escape(dimension) for dimension, _, _ in tables])
+    for tab, seg, (dimension, rows, het) in zip(tabs, segments, tables):
+        with tab:
+            flagged = [h for h in seg.get("heterogeneity") or [] if h.get("flagged")]
+            if flagged:
+                names = ", ".join(f"{md_escape(metric_label(str(h.get('metric'))))} ({md_escape(h.get('variant'))})" for h in flagged)
+                st.warning(f"The effect differs by {md_escape(dimension)}: {names}.", icon="🚩")
+            metrics = list(dict.fromkeys(str(r.get("metric")) for r in seg.get("rows") or []))
+            if metrics:
+                metric = st.selectbox("Metric", metrics, key=f"res_seg_{dimension}", format_func=metric_label)
+                st.altair_chart(charts.segment_chart(seg, metric), width="stretch")
+            st.dataframe(rows, hide_index=True, width="stretch")
+            if not het.empty:
+                st.dataframe(het, hide_index=True, width="stretch")
 
 
 def _guardrails(result: dict[str, Any]) -> None:

@@ -65,7 +65,7 @@ def plan(client: Any, exp: ExperimentRead, settings: Settings) -> dict[str, Any]
     if sla is None:
         return _skip(exp.key, f"no guardrail max on {settings.allocator_constraint} to use as the SLA")
     spec = service.stats_spec(exp, settings=settings)
-    from ablab.platform.stats.store_query import variant_stats
+    from ablab.platform.analytics.results import variant_stats
 
     stats, _ = variant_stats(client, spec)
     arms = arms_from_stats(spec, stats, reward=settings.allocator_reward, constraint=settings.allocator_constraint)

@@ -26,12 +26,16 @@ ACTOR = "guardrail-monitor"
 
 
 def enforce_guardrails(sessions: sessionmaker[Session], client: Any, settings: Settings | None = None) -> list[dict[str, str]]:
-    """One pass over running experiments; returns the pauses made."""
+    """One pass over running experiments (rollup maintenance, then guardrails); returns the pauses made."""
     paused: list[dict[str, str]] = []
     with transaction(sessions) as session:
         running, _ = registry.list_experiments(session, status=Status.running, limit=500)
         reads = [registry.to_read(e) for e in running]
     for exp in reads:
+        try:  # the maintenance step that keeps results reads free of writes
+            service.sync_rollup(client, exp, settings=settings)
+        except Exception:  # noqa: BLE001 - one broken experiment must not stop the others
+            log.exception("rollup maintenance of %s failed", exp.key)
         if not exp.guardrails:
             continue
         try:

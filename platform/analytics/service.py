@@ -40,16 +40,28 @@ def stats_spec(exp: ExperimentRead, *, settings: Settings | None = None) -> Expe
 
 
 def results(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
-    """From the per-unit rollup (raw scan only for request-randomized experiments)."""
-    from ablab.platform.stats.store_query import results as from_store
+    """From the per-unit rollup where it applies, else one raw scan; read only."""
+    from ablab.platform.analytics.results import results as from_store
 
     return from_store(client, stats_spec(exp, settings=settings))
 
 
 def attribution(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
-    from ablab.platform.stats.store_query import attribution as from_store
+    from ablab.platform.analytics.results import attribution as from_store
 
     return from_store(client, stats_spec(exp, settings=settings))
+
+
+def sync_rollup(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, int]:
+    """Keep the experiment's per-unit rollup current (its SLOs written, stale units recomputed):
+    on create/update and in the monitor's maintenance pass, so results reads write nothing."""
+    from ablab.platform.analytics.results import sync_rollup as sync
+
+    try:
+        spec = stats_spec(exp, settings=settings)
+    except Invalid:
+        return {"slo": 0, "missing": 0}  # not analyzable yet; results will say why
+    return sync(client, spec)
 
 
 def timeseries(client: Any, exp: ExperimentRead, *, metric: str) -> dict[str, Any]:

@@ -50,7 +50,8 @@ def analyze(
 ) -> None:
     """Offline analysis of an event file with the same engine and JSON as the results API."""
     spec = _load_spec(config)
-    from ablab.platform.stats.offline import analyze_events, read_events
+    from ablab.platform.analytics.event_files import read_events
+    from ablab.platform.stats.offline import analyze_events
 
     try:
         table = read_events(events)

@@ -7,10 +7,12 @@ Entry points (the API and the CLI call these; everything else is their machinery
 - :func:`timeseries.timeseries` — 10 s window rows → per-variant series;
 - :func:`decisions.guardrail_breaches` — which variants to pause, and why;
 - :func:`allocator.thompson_weights` — SLA-constrained Thompson sampling weights;
-- :func:`offline.analyze_events` / :func:`store_query.results_from_store` — the same
-  engine fed from an event file or from the ClickHouse store.
+- :func:`offline.analyze_events` — the engine fed from events (an Arrow table); the store
+  path (:mod:`ablab.platform.analytics.results`) renders the same per-unit plan
+  (:mod:`.unit_agg`) as SQL.
 
-Only :mod:`.offline` (reads files) and :mod:`.store_query` (takes a client) do I/O.
+Nothing here does I/O: files are read by :mod:`ablab.platform.analytics.event_files`, the
+store by :mod:`ablab.platform.analytics.results`.
 """
 
 from .comparisons import Comparison, cuped_test, proportion_test, quantile_test, ratio_test, welch_test

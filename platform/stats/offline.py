@@ -1,13 +1,15 @@
-"""Offline analysis of an event file: read, validate, aggregate per unit, run the engine.
+"""Offline analysis of events (an Arrow table or pandas frame): validate, aggregate per unit,
+run the engine. Pure: reading a file is :mod:`ablab.platform.analytics.event_files`.
 
-This is the only module here that reads files. The aggregation works on Arrow columns
-and numpy codes (dictionary-encoded strings, ``np.unique`` group keys, ``np.bincount``
-sums) and yields the same per-unit columns a ClickHouse ``GROUP BY experiment, variant,
-unit_id`` would, so the engine and the JSON are the same as the results API's.
+The aggregation works on Arrow columns and numpy codes (dictionary-encoded strings, dense
+group keys, ``np.bincount`` sums) and renders the one per-unit specification of
+:mod:`.unit_agg` — the same the store's SQL renders — so the engine and the JSON are the
+same as the results API's.
 
 Rules (so nothing is lost or double-counted):
 - an inference event counts once per ``trace_id`` (later duplicates are counted, dropped);
-- the latest label per ``trace_id`` wins; labels whose trace is absent are counted;
+- the latest label per ``trace_id`` wins, per field (``correct``, ``score``); a feedback event
+  may carry either or both; labels whose trace is absent are counted;
 - billing ``cost`` events replace the worker's cost estimate for their trace (summed);
 - malformed rows are rejected with a reason, counted, and returned for dead-lettering.
 """
@@ -15,27 +17,28 @@ Rules (so nothing is lost or double-counted):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from . import unit_agg as ua
 from .aggregates import VariantStats, variant_stats_from_units
 from .engine import analyze
-from .metrics import HISTOGRAM_SOURCES
+from .metrics import DIM_PREFIX, MEASURE_PREFIX
 from .spec import ExperimentSpec
-from .sufficient import HIST_BUCKETS, HistogramStats, histogram_bucket
 
 EVENT_TYPES = ("exposure", "inference", "rum", "feedback", "cost")
 LATENCIES = ("e2e_ms", "ttft_ms", "tpot_ms")
 REJECT_REASONS = ("", "unknown_type", "missing_trace_or_unit", "negative_latency", "unknown_variant", "bad_feedback")
 _REASON = {name: i for i, name in enumerate(REJECT_REASONS)}
 # not trace_id: nearly unique, its per-batch dictionaries cost more to unify (1.2 s) than one hash pass
-_ID_COLUMNS = ("type", "experiment", "variant", "unit_id")
-COLUMNS = ("type", "ts", "trace_id", "experiment", "variant", "unit_id", *LATENCIES, "cost_usd", "error", "correct")
+ID_COLUMNS = ("type", "experiment", "variant", "unit_id")
+COLUMNS = (
+    "type", "ts", "trace_id", "experiment", "variant", "unit_id", *LATENCIES, "prompt_tokens", "output_tokens",
+    "device_s", "cost_usd", "error", "correct", "score", "measures", "dims",
+)
 
 
 @dataclass(eq=False)
@@ -45,37 +48,20 @@ class OfflineAggregates:
     exposures: dict[str, float] | None
     data_quality: dict[str, Any]
     rejected: pa.Table | None = None  # malformed rows plus a reject_reason column, for dead-lettering
+    segments: dict[str, dict[str, dict[str, VariantStats]]] | None = None  # dimension → value → variant → stats
+    histograms: dict[str, dict[str, Any]] | None = None  # variant → key → HistogramStats
 
 
-def read_events(path: str | Path) -> pa.Table:
-    """Parquet (``.parquet``/``.pq``) or JSON Lines (anything else) as an Arrow table."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"EVENTS: {path} does not exist")
-    if path.suffix.lower() in (".parquet", ".pq"):
-        import pyarrow.parquet as pq
-
-        schema = pq.read_schema(path)
-        names = set(schema.names)
-        # ids decoded straight to dictionary arrays: no million Python-visible strings, and
-        # _encode skips a second hashing pass (0.5 s of the 1 M-row run)
-        ids = [c for c in _ID_COLUMNS if c in names and pa.types.is_string(schema.field(c).type)]
-        return pq.read_table(path, columns=[c for c in COLUMNS if c in names], read_dictionary=ids)
-    import pyarrow.json as pj
-
-    try:
-        return pj.read_json(path)
-    except pa.ArrowInvalid:  # mixed-type columns defeat Arrow's inference; pandas is lenient
-        import pandas as pd
-
-        return _to_table(pd.read_json(path, lines=True, dtype=False))
+def wanted(name: str) -> bool:
+    """A column the analysis reads (flat ``measures.<name>``/``dims.<name>`` columns included)."""
+    return name in COLUMNS or name.startswith((MEASURE_PREFIX, DIM_PREFIX))
 
 
-def _to_table(events: Any) -> pa.Table:
+def to_table(events: Any) -> pa.Table:
     """An Arrow table from a table or a pandas frame (pandas is imported only by callers that use it)."""
     if isinstance(events, pa.Table):
         return events
-    keep = [c for c in COLUMNS if c in events.columns]
+    keep = [c for c in events.columns if wanted(c)]
     frame = events[keep].copy()
     for c in ("trace_id", "experiment", "variant", "unit_id", "type", "error"):
         if c in frame.columns and frame[c].dtype == object:
@@ -134,17 +120,8 @@ def _timestamps_ms(table: pa.Table) -> np.ndarray:
     return pc.cast(ts, pa.int64()).to_numpy(zero_copy_only=False).astype(float)
 
 
-def _epoch_ms(text: str) -> float:
-    try:
-        moment = datetime.fromisoformat(str(text).replace(" ", "T"))
-    except ValueError:
-        raise ValueError(f"start: not an ISO-8601 time: {text!r}") from None
-    if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
-    return moment.timestamp() * 1000.0
-
-
 def _is_error(table: pa.Table) -> np.ndarray:
+    """:data:`.unit_agg.ERROR_RULE`: ``error`` present and not empty (booleans: true)."""
     if "error" not in table.column_names:
         return np.zeros(table.num_rows, dtype=bool)
     col = table["error"]
@@ -153,9 +130,44 @@ def _is_error(table: pa.Table) -> np.ndarray:
     if pa.types.is_null(col.type):
         return np.zeros(table.num_rows, dtype=bool)
     s = pc.cast(col, pa.string())
-    benign = pc.is_in(s, value_set=pa.array(["", "false", "False", "0", "None"]))
-    flagged = pc.and_(pc.is_valid(s), pc.invert(benign))
+    flagged = pc.and_(pc.is_valid(s), pc.not_equal(s, ""))
     return pc.fill_null(flagged, False).to_numpy(zero_copy_only=False)
+
+
+def _nested(table: pa.Table, column: str, key: str) -> pa.Array | None:
+    """``column.key`` of a struct or map column (or a flat ``column.key`` column), or None."""
+    flat = f"{column}.{key}"
+    if flat in table.column_names:
+        return table[flat].combine_chunks()
+    if column not in table.column_names:
+        return None
+    col = table[column].combine_chunks()
+    if pa.types.is_struct(col.type):
+        idx = col.type.get_field_index(key)
+        if idx < 0:
+            return None
+        child = pc.struct_field(col, [idx])
+        return pc.if_else(pc.is_valid(col), child, pa.scalar(None, child.type))
+    if pa.types.is_map(col.type):
+        return pc.map_lookup(col, pa.scalar(key, col.type.key_type), "first")
+    return None
+
+
+def _measure(table: pa.Table, name: str) -> np.ndarray:
+    col = _nested(table, "measures", name)
+    if col is None or pa.types.is_null(col.type):
+        return np.full(table.num_rows, np.nan)
+    return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(float)
+
+
+def _dim(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """(values as str, present) of ``dims.<name>``."""
+    col = _nested(table, "dims", name)
+    if col is None or pa.types.is_null(col.type):
+        return np.full(table.num_rows, "", dtype=object), np.zeros(table.num_rows, dtype=bool)
+    col = pc.cast(col, pa.string())
+    present = pc.fill_null(pc.and_(pc.is_valid(col), pc.not_equal(col, "")), False).to_numpy(zero_copy_only=False)
+    return pc.fill_null(col, "").to_numpy(zero_copy_only=False), present
 
 
 def _first_of(codes: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
@@ -170,7 +182,7 @@ def _first_of(codes: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
 
 
 def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
-    table = _to_table(events)
+    table = to_table(events)
     n = table.num_rows
     if "type" not in table.column_names:
         raise ValueError("EVENTS: no 'type' column; expected events in the CONTRACTS shape")
@@ -211,8 +223,8 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
         negative |= v < 0
     reasons[inf & negative & (reasons == 0)] = _REASON["negative_latency"]
     inf &= reasons == 0
-    start_ms = _epoch_ms(spec.start) if spec.start else None
-    pre = inf & (ts < start_ms) if start_ms is not None else np.zeros(n, dtype=bool)
+    # pre-period requests (CUPED's covariate) count per unit whatever their variant, even none
+    pre = inf & (ts < ua.start_ms(spec.start)) if spec.start else np.zeros(n, dtype=bool)
     inf &= ~pre
     known = np.isin(var_labels, [v.key for v in spec.variants])
     var_ok = (var_codes >= 0) & known[np.maximum(var_codes, 0)] if var_labels.size else np.zeros(n, dtype=bool)
@@ -221,37 +233,56 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     inf_rows = np.flatnonzero(inf)
     keep = inf_rows[_first_of(trace[inf_rows])]
     quality["duplicate_inference"] = int(inf_rows.size - keep.size)
+    pre_all = np.flatnonzero(pre)
+    pre_rows = pre_all[_first_of(trace[pre_all])]
+    deduped = np.concatenate([keep, pre_rows])
 
-    # labels: the latest per trace wins; billing cost per trace replaces the estimate
+    # labels: the latest per trace and field wins; billing cost per trace replaces the estimate
     n_trace = int(trace.max()) + 1 if n else 0
-    correct_all = _float(table, "correct")
+    correct_all, score_all = _float(table, "correct"), _float(table, "score")
     fb = mine & of_type("feedback")
-    reasons[fb & ((trace < 0) | ~((correct_all == 0) | (correct_all == 1)))] = _REASON["bad_feedback"]
+    bad_label = (
+        (trace < 0)
+        | ~(np.isnan(correct_all) | (correct_all == 0) | (correct_all == 1))
+        | (np.isnan(correct_all) & np.isnan(score_all))
+        | np.isinf(score_all)
+    )
+    reasons[fb & bad_label] = _REASON["bad_feedback"]
     fb_rows = np.flatnonzero(fb & (reasons == 0))
-    # newest first (ties: the later row first), then the first row seen per trace
-    newest_first = np.lexsort((-np.arange(fb_rows.size), -np.nan_to_num(ts[fb_rows], nan=-np.inf)))
-    latest = fb_rows[_first_of(trace[fb_rows], newest_first)]
-    label_by_trace = np.full(n_trace, np.nan)
-    label_by_trace[trace[latest]] = correct_all[latest]
+    has_inf = np.zeros(n_trace, dtype=bool)
+    has_inf[trace[deduped]] = True
+    by_trace: dict[str, np.ndarray] = {}
+    orphans = np.zeros(0, dtype=np.int64)
+    for name, col in (("correct", correct_all), ("score", score_all)):
+        rows = fb_rows[~np.isnan(col[fb_rows])]
+        # newest first (ties: the later row first), then the first row seen per trace
+        newest_first = np.lexsort((-np.arange(rows.size), -np.nan_to_num(ts[rows], nan=-np.inf)))
+        latest = rows[_first_of(trace[rows], newest_first)]
+        by_trace[name] = np.full(n_trace, np.nan)
+        by_trace[name][trace[latest]] = col[latest]
+        orphans = np.union1d(orphans, trace[latest][~has_inf[trace[latest]]])
+    quality["orphan_feedback"] = int(orphans.size)
     cost_all = _float(table, "cost_usd")
     billed_rows = np.flatnonzero(mine & of_type("cost") & (trace >= 0) & ~np.isnan(cost_all))
     billed = np.bincount(trace[billed_rows], weights=cost_all[billed_rows], minlength=n_trace)
     has_bill = np.bincount(trace[billed_rows], minlength=n_trace) > 0
-    has_inf = np.zeros(n_trace, dtype=bool)
-    has_inf[trace[keep]] = True
-    quality["orphan_feedback"] = int((~has_inf[trace[latest]]).sum())
 
-    err = _is_error(table)
-    units = _per_unit(spec, keep, trace, unit_codes, var_codes, var_labels, lat, err, cost_all, billed, has_bill, label_by_trace)
-    quality["units_in_multiple_variants"] = units.pop("_multi")
-    quality["pre_period_events"] = int(pre.sum())
-    if pre.any() and spec.cuped:
-        _join_pre_period(units, np.flatnonzero(pre), unit_codes, lat, cost_all)
+    plan = ua.plan(spec)
+    values = _sources(plan, table, trace, lat, cost_all, billed, has_bill, by_trace, spec)
+    unit = trace if spec.request_randomized else unit_codes
+    units = _units(plan, values, keep, var_codes, var_labels, unit)
+    units["_unit"] = unit[keep][units.pop("_first")] if keep.size else np.zeros(0, dtype=np.int64)
+    quality["units_in_multiple_variants"] = int((np.bincount(units["_unit"]) > 1).sum()) if units["_unit"].size else 0
+    quality["pre_period_events"] = int(pre_rows.size)
+    pre = ua.pre_numpy(plan, values, pre_rows, unit[pre_rows]) if plan.pre_columns else None
+    ua.attach_pre(plan, units, units["_unit"], pre)
+    units["unit_id"] = units.pop("_unit")
 
-    histograms = _histograms(keep, var_codes, var_labels, lat)
+    histograms = ua.histograms_numpy(plan, values, keep, var_codes[keep], var_labels)
     span = (np.nanmax(ts[keep]) - np.nanmin(ts[keep])) / 1000.0 if keep.size and np.isfinite(ts[keep]).any() else 0.0
     durations = {v.key: float(span) for v in spec.variants} if span > 0 else None
     exposures = _exposures(spec, mine & of_type("exposure"), unit_codes, var_codes, var_labels)
+    segments = _segments(plan, table, values, keep, var_codes, var_labels, unit, pre, spec) if plan.segments else None
     bad = np.flatnonzero(reasons != 0)
     rejected = None
     if bad.size:
@@ -260,84 +291,55 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
         )
     counts = np.bincount(reasons[bad], minlength=len(REJECT_REASONS))
     quality["rejected"] = {REJECT_REASONS[i]: int(c) for i, c in enumerate(counts) if i and c}
-    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped)
-    return OfflineAggregates(units, stats, exposures, quality, rejected)
+    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
+    return OfflineAggregates(units, stats, exposures, quality, rejected, segments, histograms)
 
 
-def _per_unit(spec, keep, trace, unit_codes, var_codes, var_labels, lat, err, cost_all, billed, has_bill, label_by_trace):
-    t = trace[keep]
-    group_unit = t if spec.request_randomized else unit_codes[keep]
-    v = var_codes[keep]
-    key = v * (int(group_unit.max()) + 1 if group_unit.size else 1) + group_unit
-    # dense relabelling instead of a sort: codes are small integers
-    occupied = np.bincount(key) > 0 if key.size else np.zeros(0, dtype=bool)
-    remap = np.cumsum(occupied) - 1
-    inverse = remap[key]
-    k = int(occupied.sum())
-    first = np.full(k, inverse.size, dtype=np.int64)
-    np.minimum.at(first, inverse, np.arange(inverse.size))  # first row of each group, by group id
+def _sources(plan, table, trace, lat, cost_all, billed, has_bill, by_trace, spec) -> dict[str, np.ndarray]:
+    """Every source the plan reads, one float per event row (NaN: absent)."""
+    t = np.maximum(trace, 0)
+    traced = trace >= 0
+    values: dict[str, np.ndarray] = dict(lat)
+    for name in ("prompt_tokens", "output_tokens", "device_s"):
+        if name in plan.sources:
+            values[name] = _float(table, name)
+    values["cost_usd"] = np.where(traced & has_bill[t], billed[t], np.nan_to_num(cost_all)) if trace.size else cost_all
+    for name in ua.LABELS:
+        values[name] = np.where(traced, by_trace[name][t], np.nan) if trace.size else np.full(0, np.nan)
+    err = _is_error(table)
+    values["error"] = err.astype(float)
+    values["good"] = ua.good_numpy(err, values, spec.slos)
+    for s in plan.sources:
+        if s.startswith(MEASURE_PREFIX):
+            values[s] = _measure(table, s[len(MEASURE_PREFIX):])
+    return values
 
-    def s(x: np.ndarray) -> np.ndarray:
-        return np.bincount(inverse, weights=x, minlength=k)
 
-    cost = np.where(has_bill[t], billed[t], np.nan_to_num(cost_all[keep]))
-    label = label_by_trace[t]
-    labeled = ~np.isnan(label)
-    e = err[keep]
-    good = ~e
-    out: dict[str, Any] = {
-        "variant": var_labels[v[first]],
-        "unit_id": group_unit[first],
-        "requests": np.bincount(inverse, minlength=k).astype(float),
-        "errors": s(e.astype(float)),
-        "cost_usd_sum": s(cost),
-        "labeled": s(labeled.astype(float)),
-        "correct": s(np.where(labeled, label, 0.0)),
-        "labeled_cost_usd_sum": s(np.where(labeled, cost, 0.0)),
-    }
-    for name in LATENCIES:
-        x = lat[name][keep]
-        present = ~np.isnan(x)
-        x0 = np.where(present, x, 0.0)
-        out[f"{name}_sum"] = s(x0)
-        out[f"{name}_n"] = s(present.astype(float))
-        if name in HISTOGRAM_SOURCES:
-            out[f"{name}_sq"] = s(x0 * x0)
-        bound = spec.slos.get(name)
-        if bound is not None:  # a missing TPOT (a single output token) cannot break its SLO
-            good &= (x <= bound) if name != "tpot_ms" else (~present | (x <= bound))
-    out["good"] = s(good.astype(float))
-    out["_multi"] = int((np.bincount(out["unit_id"]) > 1).sum()) if k else 0
+def _units(plan, values, rows, var_codes, var_labels, unit, *extra) -> dict[str, Any]:
+    out = ua.per_unit_numpy(plan, values, rows, var_codes[rows], unit[rows], *extra)
+    out["variant"] = var_labels[var_codes[rows][out["_first"]]] if rows.size else np.array([], dtype=object)
     return out
 
 
-def _join_pre_period(units, pre_rows, unit_codes, lat, cost_all) -> None:
-    """Pre-period per-unit sums as ``pre_<col>`` covariates for CUPED (in place)."""
-    size = int(max(unit_codes.max(), units["unit_id"].max() if units["unit_id"].size else 0)) + 1
-    u = unit_codes[pre_rows]
-
-    def by_unit(x: np.ndarray) -> np.ndarray:
-        return np.bincount(u, weights=x, minlength=size)[units["unit_id"]]
-
-    units["pre_requests"] = by_unit(np.ones(pre_rows.size))
-    units["pre_cost_usd_sum"] = by_unit(np.nan_to_num(cost_all[pre_rows]))
-    for name in LATENCIES:
-        x = lat[name][pre_rows]
-        units[f"pre_{name}_sum"] = by_unit(np.nan_to_num(x))
-        units[f"pre_{name}_n"] = by_unit((~np.isnan(x)).astype(float))
-
-
-def _histograms(keep, var_codes, var_labels, lat) -> dict[str, dict[str, HistogramStats]]:
-    k = max(var_labels.size, 1)
-    out: dict[str, dict[str, HistogramStats]] = {str(v): {} for v in var_labels}
-    codes = var_codes[keep]
-    for name in HISTOGRAM_SOURCES:
-        x = lat[name][keep]
-        ok = ~np.isnan(x)
-        flat = codes[ok] * HIST_BUCKETS + histogram_bucket(x[ok])
-        counts = np.bincount(flat, minlength=k * HIST_BUCKETS).reshape(k, HIST_BUCKETS)
-        for i, variant in enumerate(var_labels):
-            out[str(variant)][name] = HistogramStats(counts[i].astype(np.int64))
+def _segments(plan, table, values, keep, var_codes, var_labels, unit, pre, spec):
+    """dimension → value → variant → stats: per-unit rows of each value (top 20, "(other)", "(none)")."""
+    out: dict[str, dict[str, dict[str, VariantStats]]] = {}
+    for dim in plan.segments:
+        text, present = _dim(table, dim)
+        top = ua.top_values(text[keep], present[keep])
+        labels = ua.fold_values(text[keep], present[keep], top)
+        seg_labels, seg_codes = np.unique(labels.astype(str), return_inverse=True)
+        full = np.zeros(table.num_rows, dtype=np.int64)
+        full[keep] = seg_codes
+        rows = _units(plan, values, keep, var_codes, var_labels, unit, full[keep])
+        first = rows.pop("_first")
+        rows["segment"] = seg_labels[full[keep][first]]
+        rows["_unit"] = unit[keep][first]
+        ua.attach_pre(plan, rows, rows["_unit"], pre)
+        rows["unit_id"] = rows.pop("_unit")
+        out[DIM_PREFIX + dim] = {
+            value: variant_stats_from_units(part, cuped=spec.cuped, custom=spec.custom) for value, part in ua.split_segments(rows).items()
+        }
     return out
 
 
@@ -353,5 +355,7 @@ def _exposures(spec, rows_mask, unit_codes, var_codes, var_labels) -> dict[str, 
 
 def analyze_events(events: Any, spec: ExperimentSpec) -> tuple[dict[str, Any], OfflineAggregates]:
     agg = aggregate_events(events, spec)
-    result = analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, extra={"data_quality": agg.data_quality})
+    result = analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, extra={"data_quality": agg.data_quality},
+                     segments=agg.segments)
     return result, agg
+

@@ -2,7 +2,8 @@
 
 Input rows carry the window table's columns (``migrations/clickhouse/0002_window_stats``
 as returned by ``ablab.streaming.store.queries.window_rows``): ``variant, window_start,
-n, errors, e2e_sum, e2e_sumsq, …, e2e_p95, …, labeled, correct``. Each point has the
+n, errors, e2e_ms_sum, e2e_ms_sumsq, …, e2e_ms_p95, …, labeled, correct``;
+column names from ``ablab.platform.fields``. Each point has the
 window's own value and CI, and the running (cumulative) value, which is what a
 sequential test looks at after every window. Window percentiles do not merge, so
 quantile metrics have no cumulative value. Each point also says how many of the window's
@@ -18,24 +19,21 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from ablab.platform.fields import timeseries_mean_columns, timeseries_quantile_columns
+
 from .comparisons import mean_ci
 from .engine import json_ready
 from .sufficient import ProportionStats, SampleStats
 
 WINDOW_S = 10
+# From the field catalogue (one naming scheme for window columns); RUM latency is joined
+# per window at query time (store/queries.py), labels likewise.
 MEAN_COLUMNS = {
-    "e2e_ms": ("n", "e2e_sum", "e2e_sumsq"),
-    "ttft_ms": ("n", "ttft_sum", "ttft_sumsq"),
-    "tpot_ms": ("tpot_n", "tpot_sum", "tpot_sumsq"),
-    "cost_usd": ("n", "cost_sum", "cost_sumsq"),
-    "rum_e2e_ms": ("rum_n", "rum_e2e_sum", "rum_e2e_sumsq"),
+    **timeseries_mean_columns(),
+    "rum_e2e_ms": ("rum_n", "rum_e2e_ms_sum", "rum_e2e_ms_sumsq"),
 }
 PROPORTION_COLUMNS = {"error_rate": ("n", "errors"), "accuracy": ("labeled", "correct")}
-QUANTILE_COLUMNS = {
-    f"{base}_p{q}": (f"{short}_p{q}", count)
-    for base, short, count in (("e2e_ms", "e2e", "n"), ("ttft_ms", "ttft", "n"))
-    for q in (50, 95, 99)
-}
+QUANTILE_COLUMNS = timeseries_quantile_columns()
 TIMESERIES_METRICS = (*MEAN_COLUMNS, *PROPORTION_COLUMNS, *QUANTILE_COLUMNS)
 
 

@@ -66,7 +66,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ablab.streaming.events import FIELD_BOUNDS
+from ablab.platform.fields import FIELDS
 
 SQL_DIR = Path(__file__).parent / "sql"
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
@@ -92,13 +92,13 @@ class JobConfig:
     """How far ahead of the processing clock an event time may be. Further ahead, the
     record is rejected (the loader dead-letters it) and the watermark counts it as this far
     ahead at most, so one bad clock cannot make a partition's later events late."""
-    max_latency_ms: float = FIELD_BOUNDS["e2e_ms"].hi
-    """Physical bounds, from the edge's one table (``ablab.streaming.events.FIELD_BOUNDS``:
+    max_latency_ms: float = FIELDS["e2e_ms"].hi
+    """Physical bounds, from the field catalogue the edge uses too (``ablab.platform.fields``:
     a latency within a day, cost and tokens below a ceiling): a record outside them is
     rejected, not windowed. The edge refuses the same; these catch producers that write to
     Kafka directly."""
-    max_cost_usd: float = FIELD_BOUNDS["cost_usd"].hi
-    max_tokens: int = int(FIELD_BOUNDS["prompt_tokens"].hi)
+    max_cost_usd: float = FIELDS["cost_usd"].hi
+    max_tokens: int = int(FIELDS["prompt_tokens"].hi)
     dedup_ttl_s: float = 600.0
     """How long the job remembers an event_id (Flink state TTL, processing time): a
     duplicate arriving later than this after the first copy is not recognised. One flag of
@@ -195,6 +195,50 @@ def statements(config: JobConfig, *, parts: tuple[str, ...] | None = None) -> li
     """Every statement of the job (or of the named parts: sources_kafka, sinks_kafka, transform, inserts)."""
     parameters = config.sql_parameters()
     return [stmt for path in sql_files(parts) for stmt in split_statements(render(path.read_text(), parameters))]
+
+
+_CREATE_TABLE = re.compile(r"CREATE\s+TEMPORARY\s+TABLE\s+`?(\w+)`?\s*\(", re.IGNORECASE)
+
+
+def _top_level_split(body: str) -> list[str]:
+    parts, depth, current = [], 0, []
+    for ch in body:
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+        if ch == "," and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(ch)
+    parts.append("".join(current))
+    return [p.strip() for p in parts if p.strip()]
+
+
+def declared_tables(sql: str | None = None) -> dict[str, dict[str, str]]:
+    """Flink table → its physical columns (name → type) as the ``.sql`` files declare them.
+
+    Computed columns, metadata columns and the watermark are left out: they are not what a
+    record carries. The catalogue test compares these with :mod:`ablab.platform.fields`.
+    """
+    if sql is None:
+        sql = "\n".join(path.read_text() for path in sql_files())
+    sql = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
+    tables: dict[str, dict[str, str]] = {}
+    for match in _CREATE_TABLE.finditer(sql):
+        depth, i = 1, match.end()
+        while depth and i < len(sql):
+            depth += {"(": 1, ")": -1}.get(sql[i], 0)
+            i += 1
+        columns: dict[str, str] = {}
+        for item in _top_level_split(sql[match.end():i - 1]):
+            words = item.split()
+            if words[0].upper() == "WATERMARK" or len(words) < 2 or words[1].upper() == "AS" or "METADATA" in item.upper():
+                continue
+            columns[words[0].strip("`")] = " ".join(words[1:])
+        tables[match.group(1)] = columns
+    return tables
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:

@@ -16,21 +16,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from ablab.platform import fields
 from ablab.streaming.events import MAX_EVENT_BYTES, Rejection, validate_event
 
 RAW_COLUMNS = (
     "event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id",
     "ttft_ms", "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd",
     "price_version", "error", "strategy", "correct", "score", "source", "payload",
-    "kafka_partition", "kafka_offset",
+    "measures", "dims", "kafka_partition", "kafka_offset",
 )
-WINDOW_COLUMNS = (
-    "experiment", "variant", "window_start", "window_end", "n", "errors",
-    "e2e_sum", "e2e_sumsq", "ttft_sum", "ttft_sumsq", "tpot_n", "tpot_sum", "tpot_sumsq",
-    "cost_sum", "cost_sumsq", "prompt_tokens_sum", "prompt_tokens_sumsq",
-    "output_tokens_sum", "output_tokens_sumsq",
-    "e2e_p50", "e2e_p95", "e2e_p99", "ttft_p50", "ttft_p95", "ttft_p99", "emitted_at",
-)
+WINDOW_COLUMNS = fields.WINDOW_COLUMNS
+"""A window row as the Flink job emits it: generated from the field catalogue."""
 LATE_COLUMNS = (
     "event_id", "type", "ts", "trace_id", "experiment", "variant", "window_start", "watermark", "e2e_ms",
     "ttft_ms", "tpot_ms", "cost_usd", "prompt_tokens", "output_tokens", "is_error",
@@ -42,7 +38,7 @@ LATE_COLUMNS = (
 STORE_TS_MIN = datetime(1900, 1, 1, tzinfo=UTC)
 STORE_TS_MAX = datetime(2299, 12, 31, tzinfo=UTC)
 STORE_ABS_MAX = 1e150
-_NUMERIC_RAW = ("ttft_ms", "e2e_ms", "tpot_ms", "device_s", "cost_usd", "score")
+_NUMERIC_RAW = tuple(f.name for f in fields.FIELDS.values() if f.type == "float")  # ints are bounded by the schema
 DEFAULT_MAX_FUTURE_S = 300.0
 """Default of how far ahead of the loader's clock an event time may be (the Flink job's
 ``max_future_s`` is the same bound)."""
@@ -52,7 +48,7 @@ TABLE_COLUMNS: dict[str, tuple[str, ...]] = {
     "late_events": LATE_COLUMNS,
 }
 _WINDOW_MS = 10_000
-_COUNT_FIELDS = {"n", "errors", "tpot_n"}
+_COUNT_FIELDS = {"n", "errors", *(c for c in fields.WINDOW_COLUMNS if c.endswith("_n"))}
 _TIME_FIELDS = {"window_start", "window_end", "emitted_at", "ts", "watermark"}
 _TEXT_FIELDS = {"experiment", "variant", "event_id", "trace_id"}
 
@@ -120,7 +116,7 @@ def raw_event_row(event: Any, *, payload: bytes, partition: int, offset: int) ->
         get("ttft_ms"), get("e2e_ms"), get("tpot_ms"), get("prompt_tokens"), get("output_tokens"),
         get("device_s"), get("cost_usd"), get("price_version") or "", get("error"), get("strategy") or "",
         get("correct"), get("score"), get("source") or "", payload.decode("utf-8", errors="replace"),
-        partition, offset,
+        get("measures") or {}, get("dims") or {}, partition, offset,
     )
 
 
@@ -134,6 +130,9 @@ def _window_record(value: bytes, known_experiments: Collection[str] | None) -> R
     kind = record.get("kind")
     if kind == "inference":
         table, columns = "window_stats", WINDOW_COLUMNS
+        for old, new in fields.LEGACY_WINDOW_NAMES.items():  # a job started before migration 0012
+            if old in record and new not in record:
+                record[new] = record.pop(old)
     elif kind == "late":
         return _late_record(record, known_experiments)
     elif kind == "rejected":

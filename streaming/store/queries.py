@@ -15,6 +15,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ablab.platform.fields import WINDOW_QUANTILES, WINDOWED, window_column, window_value_columns
+
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
 
@@ -62,12 +64,12 @@ def variant_unit_aggregates(client: "Client", *, experiment: str) -> list[dict[s
         SELECT i.variant AS variant, i.unit_id AS unit_id,
                count() AS n,
                countIf(i.error IS NOT NULL) AS errors,
-               sum(i.e2e_ms) AS e2e_sum, sum(i.e2e_ms * i.e2e_ms) AS e2e_sumsq,
-               sum(i.ttft_ms) AS ttft_sum, sum(i.ttft_ms * i.ttft_ms) AS ttft_sumsq,
-               countIf(i.tpot_ms IS NOT NULL) AS tpot_n,
-               sumOrDefault(assumeNotNull(i.tpot_ms)) AS tpot_sum,
-               sumOrDefault(assumeNotNull(i.tpot_ms) * assumeNotNull(i.tpot_ms)) AS tpot_sumsq,
-               sum(i.cost_usd) AS cost_sum, sum(i.cost_usd * i.cost_usd) AS cost_sumsq,
+               sum(i.e2e_ms) AS e2e_ms_sum, sum(i.e2e_ms * i.e2e_ms) AS e2e_ms_sumsq,
+               sum(i.ttft_ms) AS ttft_ms_sum, sum(i.ttft_ms * i.ttft_ms) AS ttft_ms_sumsq,
+               countIf(i.tpot_ms IS NOT NULL) AS tpot_ms_n,
+               sumOrDefault(assumeNotNull(i.tpot_ms)) AS tpot_ms_sum,
+               sumOrDefault(assumeNotNull(i.tpot_ms) * assumeNotNull(i.tpot_ms)) AS tpot_ms_sumsq,
+               sum(i.cost_usd) AS cost_usd_sum, sum(i.cost_usd * i.cost_usd) AS cost_usd_sumsq,
                countIf(l.trace_id != '') AS labeled,
                sumIf(l.label_correct, l.trace_id != '') AS correct
         FROM ({_INFERENCE}) AS i
@@ -77,8 +79,8 @@ def variant_unit_aggregates(client: "Client", *, experiment: str) -> list[dict[s
     """
     rows = _rows(client, sql, {"experiment": experiment})
     for row in rows:
-        row["tpot_sum"] = float(row["tpot_sum"]) if row["tpot_n"] else 0.0
-        row["tpot_sumsq"] = float(row["tpot_sumsq"]) if row["tpot_n"] else 0.0
+        row["tpot_ms_sum"] = float(row["tpot_ms_sum"]) if row["tpot_ms_n"] else 0.0
+        row["tpot_ms_sumsq"] = float(row["tpot_ms_sumsq"]) if row["tpot_ms_n"] else 0.0
         row["correct"] = int(row["correct"] or 0)
     return rows
 
@@ -101,45 +103,53 @@ def feedback_by_window(client: "Client", *, experiment: str) -> list[dict[str, A
 # window, added up: counts and sums add exactly, so a window ends up exact however late its
 # events came (the late-data policy in streaming/flink/job.py). Window percentiles do not
 # merge: they stay those of the on-time events (NaN when every event of the window was late).
-_WINDOWS_WITH_LATE = """
+def _windows_with_late_sql() -> str:
+    """The window query, its columns generated from the field catalogue (one naming scheme:
+    :func:`ablab.platform.fields.window_column`)."""
+    outer, on_time, late = [], [], []
+    for f in WINDOWED:
+        col = f.name
+        for stat in f.window:
+            name = window_column(f.name, stat)
+            on_time.append(name)
+            if stat in WINDOW_QUANTILES:
+                outer.append(f"if(countIf(on_time) > 0, anyIf({name}, on_time), nan) AS {name}")
+                late.append("nan")
+                continue
+            outer.append(f"sum({name}) AS {name}")
+            value = f"assumeNotNull({col})"
+            late.append({
+                "n": f"countIf({col} IS NOT NULL)",
+                "sum": f"sumIf({value}, {col} IS NOT NULL)",
+                "sumsq": f"sumIf({value} * {value}, {col} IS NOT NULL)",
+            }[stat])
+    return f"""
     SELECT experiment, variant, window_start, max(window_end) AS window_end,
            sum(n) AS n, sum(late_n) AS late_n, sum(errors) AS errors,
-           sum(e2e_sum) AS e2e_sum, sum(e2e_sumsq) AS e2e_sumsq, sum(ttft_sum) AS ttft_sum, sum(ttft_sumsq) AS ttft_sumsq,
-           sum(tpot_n) AS tpot_n, sum(tpot_sum) AS tpot_sum, sum(tpot_sumsq) AS tpot_sumsq,
-           sum(cost_sum) AS cost_sum, sum(cost_sumsq) AS cost_sumsq,
-           sum(prompt_tokens_sum) AS prompt_tokens_sum, sum(output_tokens_sum) AS output_tokens_sum,
-           if(countIf(on_time) > 0, anyIf(e2e_p50, on_time), nan) AS e2e_p50,
-           if(countIf(on_time) > 0, anyIf(e2e_p95, on_time), nan) AS e2e_p95,
-           if(countIf(on_time) > 0, anyIf(e2e_p99, on_time), nan) AS e2e_p99,
-           if(countIf(on_time) > 0, anyIf(ttft_p50, on_time), nan) AS ttft_p50,
-           if(countIf(on_time) > 0, anyIf(ttft_p95, on_time), nan) AS ttft_p95,
-           if(countIf(on_time) > 0, anyIf(ttft_p99, on_time), nan) AS ttft_p99,
+           {", ".join(outer)},
            max(emitted_at) AS emitted_at, max(loaded_at) AS loaded_at
     FROM (
         SELECT toString(experiment) AS experiment, toString(variant) AS variant, window_start, window_end,
-               n, toUInt64(0) AS late_n, errors, e2e_sum, e2e_sumsq, ttft_sum, ttft_sumsq, tpot_n, tpot_sum, tpot_sumsq,
-               cost_sum, cost_sumsq, prompt_tokens_sum, output_tokens_sum,
-               e2e_p50, e2e_p95, e2e_p99, ttft_p50, ttft_p95, ttft_p99, emitted_at, loaded_at, 1 AS on_time
+               n, toUInt64(0) AS late_n, errors, {", ".join(on_time)}, emitted_at, loaded_at, 1 AS on_time
         FROM window_stats FINAL
-        WHERE experiment = {experiment:String}
-          AND window_start >= {start:DateTime64(3, 'UTC')} AND window_start < {end:DateTime64(3, 'UTC')}
+        WHERE experiment = {{experiment:String}}
+          AND window_start >= {{start:DateTime64(3, 'UTC')}} AND window_start < {{end:DateTime64(3, 'UTC')}}
         UNION ALL
         SELECT toString(experiment), toString(variant), window_start, window_start + INTERVAL 10 SECOND,
-               count(), count(), countIf(is_error = 1),
-               sum(assumeNotNull(e2e_ms)), sum(assumeNotNull(e2e_ms) * assumeNotNull(e2e_ms)),
-               sum(assumeNotNull(ttft_ms)), sum(assumeNotNull(ttft_ms) * assumeNotNull(ttft_ms)),
-               countIf(tpot_ms IS NOT NULL), sumIf(assumeNotNull(tpot_ms), tpot_ms IS NOT NULL),
-               sumIf(assumeNotNull(tpot_ms) * assumeNotNull(tpot_ms), tpot_ms IS NOT NULL),
-               sum(assumeNotNull(cost_usd)), sum(assumeNotNull(cost_usd) * assumeNotNull(cost_usd)),
-               sum(assumeNotNull(prompt_tokens)), sum(assumeNotNull(output_tokens)),
-               nan, nan, nan, nan, nan, nan, max(loaded_at), max(loaded_at), 0
+               count(), count(), countIf(is_error = 1), {", ".join(late)}, max(loaded_at), max(loaded_at), 0
         FROM late_events FINAL
-        WHERE type = 'inference' AND experiment = {experiment:String}
-          AND window_start >= {start:DateTime64(3, 'UTC')} AND window_start < {end:DateTime64(3, 'UTC')}
+        WHERE type = 'inference' AND experiment = {{experiment:String}}
+          AND window_start >= {{start:DateTime64(3, 'UTC')}} AND window_start < {{end:DateTime64(3, 'UTC')}}
         GROUP BY experiment, variant, window_start
     )
     GROUP BY experiment, variant, window_start
 """
+
+
+_WINDOWS_WITH_LATE = _windows_with_late_sql()
+
+
+_WINDOW_VALUES = ", ".join(f"w.{c} AS {c}" for c in window_value_columns())
 
 
 def window_rows(
@@ -151,20 +161,16 @@ def window_rows(
     sql = f"""
         SELECT w.experiment AS experiment, w.variant AS variant, w.window_start AS window_start,
                w.window_end AS window_end, w.n AS n, w.late_n AS late_n, w.errors AS errors,
-               w.e2e_sum AS e2e_sum, w.e2e_sumsq AS e2e_sumsq, w.ttft_sum AS ttft_sum, w.ttft_sumsq AS ttft_sumsq,
-               w.tpot_n AS tpot_n, w.tpot_sum AS tpot_sum, w.tpot_sumsq AS tpot_sumsq,
-               w.cost_sum AS cost_sum, w.cost_sumsq AS cost_sumsq,
-               w.prompt_tokens_sum AS prompt_tokens_sum, w.output_tokens_sum AS output_tokens_sum,
-               w.e2e_p50 AS e2e_p50, w.e2e_p95 AS e2e_p95, w.e2e_p99 AS e2e_p99,
-               w.ttft_p50 AS ttft_p50, w.ttft_p95 AS ttft_p95, w.ttft_p99 AS ttft_p99,
-               r.n AS rum_n, r.e2e_sum AS rum_e2e_sum, r.e2e_sumsq AS rum_e2e_sumsq, r.e2e_p95 AS rum_e2e_p95,
+               {_WINDOW_VALUES},
+               r.n AS rum_n, r.e2e_ms_sum AS rum_e2e_ms_sum, r.e2e_ms_sumsq AS rum_e2e_ms_sumsq,
+               r.e2e_ms_p95 AS rum_e2e_ms_p95,
                f.labeled AS labeled, f.correct AS correct,
                w.emitted_at AS emitted_at, w.loaded_at AS loaded_at
         FROM ({_WINDOWS_WITH_LATE}) AS w
         LEFT JOIN (
             SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
-                   count() AS n, sum(c.e2e_ms) AS e2e_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_sumsq,
-                   quantileExactInclusive(0.95)(c.e2e_ms) AS e2e_p95
+                   count() AS n, sum(c.e2e_ms) AS e2e_ms_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_ms_sumsq,
+                   quantileExactInclusive(0.95)(c.e2e_ms) AS e2e_ms_p95
             FROM ({_INFERENCE_IN_RANGE}) AS i INNER JOIN ({_RUM}) AS c ON c.trace_id = i.trace_id
             GROUP BY variant, window_start
         ) AS r ON r.variant = w.variant AND r.window_start = w.window_start

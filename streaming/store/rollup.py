@@ -18,9 +18,12 @@ Only after that does it commit the Kafka offsets. A crash at any point replays t
 which rewrites the same rows and the same unit values: nothing is added to a running
 total, so nothing is double-counted or lost.
 
-``good`` (goodput) depends on the experiment's SLOs, which live in the registry. The results
-reader writes them to ``rollup_slos``; every recompute uses them and stamps ``slo_key``; the
-reader recomputes the units whose ``slo_key`` is stale. All values are bound parameters.
+``good`` (goodput) depends on the experiment's SLOs, which live in the registry. They are
+written to ``rollup_slos`` when an experiment is created or changed and by the monitor's
+maintenance pass (:func:`ensure_fresh`, through ``ablab.platform.analytics.results.sync_rollup``);
+every recompute uses them and stamps ``slo_key``, and the maintenance step recomputes the
+units whose ``slo_key`` is stale. Results reads never write: one that finds stale units
+scans ``raw_events`` instead. All values are bound parameters.
 """
 
 from __future__ import annotations
@@ -171,8 +174,8 @@ def set_slos(client: "Client", experiment: str, slos: Mapping[str, float]) -> bo
     return True
 
 
-# One loader batch (raw insert → lookup inserts → recompute) or one reader check at a time in
-# this process, so the reader never sees a batch half-fed (embedded mode: same process).
+# One loader batch (raw insert → lookup inserts → recompute) or one maintenance check at a time
+# in this process, so a check never sees a batch half-fed (embedded mode: same process).
 batch_lock = threading.RLock()
 
 

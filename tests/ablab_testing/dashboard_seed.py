@@ -116,12 +116,12 @@ def window_rows(inference: pd.DataFrame, *, emitted_at: datetime) -> list[tuple[
             "experiment": experiment, "variant": variant, "window_start": start.to_pydatetime(),
             "window_end": (start + pd.Timedelta(seconds=10)).to_pydatetime(), "n": len(g),
             "errors": int(g["error"].notna().sum()),
-            "e2e_sum": e2e.sum(), "e2e_sumsq": (e2e**2).sum(), "ttft_sum": ttft.sum(), "ttft_sumsq": (ttft**2).sum(),
-            "tpot_n": tpot.size, "tpot_sum": tpot.sum(), "tpot_sumsq": (tpot**2).sum(),
-            "cost_sum": cost.sum(), "cost_sumsq": (cost**2).sum(), "prompt_tokens_sum": pt.sum(), "prompt_tokens_sumsq": (pt**2).sum(),
+            "e2e_ms_sum": e2e.sum(), "e2e_ms_sumsq": (e2e**2).sum(), "ttft_ms_sum": ttft.sum(), "ttft_ms_sumsq": (ttft**2).sum(),
+            "tpot_ms_n": tpot.size, "tpot_ms_sum": tpot.sum(), "tpot_ms_sumsq": (tpot**2).sum(),
+            "cost_usd_sum": cost.sum(), "cost_usd_sumsq": (cost**2).sum(), "prompt_tokens_sum": pt.sum(), "prompt_tokens_sumsq": (pt**2).sum(),
             "output_tokens_sum": ot.sum(), "output_tokens_sumsq": (ot**2).sum(),
-            "e2e_p50": q(e2e, 50), "e2e_p95": q(e2e, 95), "e2e_p99": q(e2e, 99),
-            "ttft_p50": q(ttft, 50), "ttft_p95": q(ttft, 95), "ttft_p99": q(ttft, 99), "emitted_at": emitted_at,
+            "e2e_ms_p50": q(e2e, 50), "e2e_ms_p95": q(e2e, 95), "e2e_ms_p99": q(e2e, 99),
+            "ttft_ms_p50": q(ttft, 50), "ttft_ms_p95": q(ttft, 95), "ttft_ms_p99": q(ttft, 99), "emitted_at": emitted_at,
         }
         rows.append(tuple(values[c] for c in WINDOW_COLUMNS))
     return rows

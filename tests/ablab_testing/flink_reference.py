@@ -26,10 +26,10 @@ import numpy as np
 from ablab.streaming.events import derive_event_id
 
 WINDOW_MS = 10_000
-SUM_FIELDS = {
-    "e2e": "e2e_ms",
-    "ttft": "ttft_ms",
-    "cost": "cost_usd",
+SUM_FIELDS = {  # window column prefix → the event field it sums (ablab.platform.fields.window_column)
+    "e2e_ms": "e2e_ms",
+    "ttft_ms": "ttft_ms",
+    "cost_usd": "cost_usd",
     "prompt_tokens": "prompt_tokens",
     "output_tokens": "output_tokens",
 }
@@ -115,11 +115,11 @@ def inference_windows(inference: Iterable[dict[str, Any]], *, late_ids: set[str]
             row[f"{name}_sum"] = float(sum(e[source] for e in events))
             row[f"{name}_sumsq"] = float(sum(e[source] * e[source] for e in events))
         tpot = [e["tpot_ms"] for e in events if e.get("tpot_ms") is not None]
-        row["tpot_n"] = len(tpot)
-        row["tpot_sum"] = float(sum(tpot))
-        row["tpot_sumsq"] = float(sum(v * v for v in tpot))
-        row["e2e_p50"], row["e2e_p95"], row["e2e_p99"] = _percentiles([e["e2e_ms"] for e in events])
-        row["ttft_p50"], row["ttft_p95"], row["ttft_p99"] = _percentiles([e["ttft_ms"] for e in events])
+        row["tpot_ms_n"] = len(tpot)
+        row["tpot_ms_sum"] = float(sum(tpot))
+        row["tpot_ms_sumsq"] = float(sum(v * v for v in tpot))
+        row["e2e_ms_p50"], row["e2e_ms_p95"], row["e2e_ms_p99"] = _percentiles([e["e2e_ms"] for e in events])
+        row["ttft_ms_p50"], row["ttft_ms_p95"], row["ttft_ms_p99"] = _percentiles([e["ttft_ms"] for e in events])
         rows[key] = row
     return rows
 
@@ -134,8 +134,8 @@ def rum_windows(rum: Iterable[dict[str, Any]], inference: Iterable[dict[str, Any
         if request is not None:
             groups[(request["experiment"], request["variant"], window_start_ms(parse_ms(request["ts"])))].append(
                 event["e2e_ms"])
-    return {key: {"n": len(values), "e2e_sum": float(sum(values)), "e2e_sumsq": float(sum(v * v for v in values)),
-                  "e2e_p95": _percentiles(values)[1]}
+    return {key: {"n": len(values), "e2e_ms_sum": float(sum(values)), "e2e_ms_sumsq": float(sum(v * v for v in values)),
+                  "e2e_ms_p95": _percentiles(values)[1]}
             for key, values in groups.items()}
 
 
@@ -325,9 +325,9 @@ def replay_windows(events: Iterable[dict[str, Any]]) -> dict[tuple[str, int], di
     for request in requests.values():
         row = out[(request["variant"], window_start_ms(parse_ms(request["ts"])))]
         row["n"] += 1
-        row["e2e_sum"] += request["e2e_ms"]
-        row["ttft_sum"] += request["ttft_ms"]
-        row["cost_sum"] += request["cost_usd"]
+        row["e2e_ms_sum"] += request["e2e_ms"]
+        row["ttft_ms_sum"] += request["ttft_ms"]
+        row["cost_usd_sum"] += request["cost_usd"]
     for event in rum.values():
         request = requests.get(event["trace_id"])
         if request is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -13,12 +14,26 @@ from ablab.platform.registry import service
 from ablab.platform.registry.schemas import AuditRead, ExperimentCreate, ExperimentPage, ExperimentRead, ExperimentUpdate, Status
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
+log = logging.getLogger(__name__)
 
 
 def _versioned(response: Response, exp) -> ExperimentRead:  # noqa: ANN001 - a registry Experiment row
     """The read model, with the version as ETag for the next If-Match."""
     response.headers["ETag"] = f'"{exp.version}"'
     return service.to_read(exp)
+
+
+def _sync_rollup(state, exp) -> None:  # noqa: ANN001 - AppState, a registry Experiment row
+    """Its SLOs to the per-unit rollup now, so results reads never write (analytics/results.py)."""
+    store = state.extras.get("analytics")
+    if store is None:
+        return
+    from ablab.platform.analytics.service import sync_rollup
+
+    try:
+        sync_rollup(store.client, service.to_read(exp), settings=state.settings)
+    except Exception:  # noqa: BLE001 - the monitor's maintenance pass retries; the change itself stands
+        log.warning("rollup sync of %s failed; the maintenance pass will retry", exp.key, exc_info=True)
 
 
 def _optional_version(if_match: str | None) -> int | None:
@@ -30,6 +45,7 @@ def create_experiment(
     body: ExperimentCreate, session: SessionDep, state: StateDep, principal: Editor, response: Response
 ) -> ExperimentRead:
     exp = service.create_experiment(session, data=body, actor=principal.name, bucket_space=state.settings.bucket_space)
+    _sync_rollup(state, exp)
     response.headers["Location"] = f"/v1/experiments/{exp.key}"
     return _versioned(response, exp)
 
@@ -65,6 +81,7 @@ def update_experiment(
     key: str,
     body: ExperimentUpdate,
     session: SessionDep,
+    state: StateDep,
     principal: Editor,
     response: Response,
     if_match: Annotated[str | None, Header()] = None,
@@ -72,6 +89,7 @@ def update_experiment(
     exp = service.update_experiment(
         session, key=key, data=body, expected_version=parse_if_match(if_match), actor=principal.name
     )
+    _sync_rollup(state, exp)
     return _versioned(response, exp)
 
 

@@ -7,13 +7,13 @@ CREATE TEMPORARY TABLE inference_window_sink (
     kind STRING, experiment STRING, `variant` STRING,
     window_start TIMESTAMP_LTZ(3), window_end TIMESTAMP_LTZ(3),
     n BIGINT, errors BIGINT,
-    e2e_sum DOUBLE, e2e_sumsq DOUBLE, ttft_sum DOUBLE, ttft_sumsq DOUBLE,
-    tpot_n BIGINT, tpot_sum DOUBLE, tpot_sumsq DOUBLE,
-    cost_sum DOUBLE, cost_sumsq DOUBLE,
+    e2e_ms_sum DOUBLE, e2e_ms_sumsq DOUBLE, ttft_ms_sum DOUBLE, ttft_ms_sumsq DOUBLE,
+    tpot_ms_n BIGINT, tpot_ms_sum DOUBLE, tpot_ms_sumsq DOUBLE,
+    cost_usd_sum DOUBLE, cost_usd_sumsq DOUBLE,
     prompt_tokens_sum DOUBLE, prompt_tokens_sumsq DOUBLE,
     output_tokens_sum DOUBLE, output_tokens_sumsq DOUBLE,
-    e2e_p50 DOUBLE, e2e_p95 DOUBLE, e2e_p99 DOUBLE,
-    ttft_p50 DOUBLE, ttft_p95 DOUBLE, ttft_p99 DOUBLE,
+    e2e_ms_p50 DOUBLE, e2e_ms_p95 DOUBLE, e2e_ms_p99 DOUBLE,
+    ttft_ms_p50 DOUBLE, ttft_ms_p95 DOUBLE, ttft_ms_p99 DOUBLE,
     emitted_at TIMESTAMP_LTZ(3)
 ) WITH (
     'connector' = 'kafka',

@@ -50,7 +50,7 @@ def test_a_loader_killed_between_insert_and_commit_loads_everything_once(kafka_b
     assert store.query("SELECT count() FROM raw_events FINAL WHERE type = 'inference'").result_rows[0][0] == distinct
     aggregates = queries.variant_unit_aggregates(store, experiment="ldr")
     assert sum(row["n"] for row in aggregates) == distinct
-    assert sum(row["e2e_sum"] for row in aggregates) == sum(e["e2e_ms"] for e in ref.dedup(stream.inference))
+    assert sum(row["e2e_ms_sum"] for row in aggregates) == sum(e["e2e_ms"] for e in ref.dedup(stream.inference))
     assert sum(row["labeled"] for row in aggregates) == len({f["trace_id"] for f in stream.feedback})
     # the per-unit rollup the loader maintains agrees: the replayed batch was recomputed, not added
     requests, labeled, e2e = store.query(

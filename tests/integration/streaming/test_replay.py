@@ -7,7 +7,8 @@ stragglers later than the watermark bound, 5 % of its inference events delivered
 without ``event_id``, RUM seconds and minutes late and labels one to two minutes late (event
 time). Every 10 s window's request count, sums, labels and RUM in ``/timeseries`` must equal
 an offline computation over unique trace_ids, and ``/results`` must equal ``ablab analyze``
-on the file of everything sent.
+on the file of everything sent — including metrics the experiment defines (a judge score,
+a custom measure per user, a ratio) and a breakdown by a dimension the events carry.
 """
 
 from __future__ import annotations
@@ -28,6 +29,29 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600
 
 EXPERIMENT = "replay"
 SECONDS = 60.0
+# metrics the experiment defines, over fields the events carry (docs/contracts.md)
+CUSTOM = {
+    "custom": [
+        {"name": "judge_score", "type": "mean", "column": "score"},
+        {"name": "tools_per_user", "type": "mean", "column": "measures.tool_calls", "aggregation": "unit_mean"},
+        {"name": "cost_per_1k_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
+    ],
+    "segments": ["dims.domain"],
+}
+
+
+def _enrich(events: list[dict]) -> None:
+    """Custom measures and a dimension on inference events, a judge score on labels (in place;
+    a trace's two deliveries stay identical, deterministic by trace id)."""
+    for e in events:
+        h = sum(map(ord, e.get("trace_id") or ""))
+        if e["type"] == "inference":
+            if h % 5:
+                e["measures"] = {"tool_calls": float(h % 4), "steps": float(h % 7)}
+            if h % 9:
+                e["dims"] = {"domain": ("code", "math", "chat", "search")[h % 4]}
+        elif e["type"] == "feedback":
+            e["score"] = round((h % 100) / 10, 1)
 
 
 def _send_in_real_time(stack, deliveries: list[ref.Delivery]) -> None:
@@ -59,6 +83,11 @@ def test_a_replayed_stream_equals_the_offline_computation(live_stack, tmp_path):
     start_s = time.time() + 0.5  # every event after the experiment started
     deliveries = ref.replay_stream(start_s=start_s, seconds=SECONDS, experiment=EXPERIMENT)
     events = [d.event for d in deliveries]
+    _enrich(events)
+    editor = stack.client("editor")
+    metrics = {"primary": experiment["metrics"]["primary"], **CUSTOM}
+    editor.patch(f"/v1/experiments/{EXPERIMENT}", json={"metrics": metrics},
+                 headers={"If-Match": f'"{experiment["version"]}"'}).raise_for_status()
     events_file = tmp_path / "replay.jsonl"
     events_file.write_text("".join(json.dumps(e) + "\n" for e in events))
     _send_in_real_time(stack, deliveries)
@@ -84,7 +113,7 @@ def test_a_replayed_stream_equals_the_offline_computation(live_stack, tmp_path):
     assert sum(p["late"] for p in e2e.values()) > 0  # the stragglers were late, and are folded in
     for key, row in expected.items():
         assert e2e[key]["n"] == row["n"], key
-        for points, column in ((e2e, "e2e_sum"), (ttft, "ttft_sum"), (cost, "cost_sum")):
+        for points, column in ((e2e, "e2e_ms_sum"), (ttft, "ttft_ms_sum"), (cost, "cost_usd_sum")):
             assert math.isclose(points[key]["n"] * points[key]["value"], row[column], rel_tol=1e-9), (key, column)
         assert accuracy[key]["n"] == row.get("labeled", 0), key
         if row.get("labeled"):
@@ -98,7 +127,7 @@ def test_a_replayed_stream_equals_the_offline_computation(live_stack, tmp_path):
     config.write_text(yaml.safe_dump({
         "key": EXPERIMENT, "control": experiment["control"], "unit": experiment["unit"],
         "variants": [{"key": v["key"], "weight": v["weight"], "strategy": v["strategy"]} for v in experiment["variants"]],
-        "start": experiment["started_at"],
+        "start": experiment["started_at"], "metrics": metrics,
     }))
     analyzed = subprocess.run([ABLAB, "analyze", str(events_file), "--config", str(config), "--json"],
                               capture_output=True, text=True, timeout=120, check=True).stdout
@@ -114,3 +143,21 @@ def test_a_replayed_stream_equals_the_offline_computation(live_stack, tmp_path):
                 assert got.get(name) is None, (want["metric"], want["variant"], name)
             else:
                 assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12), (want["metric"], want["variant"], name)
+    custom = {m["metric"] for m in offline["metrics"] if m.get("custom")}
+    assert custom == {"judge_score", "tools_per_user", "cost_per_1k_out"}
+    assert all(rows[("judge_score", v["key"])]["n"] > 0 for v in experiment["variants"])
+    # the segment breakdown: the same values, numbers and heterogeneity flags
+    assert [s["dimension"] for s in live["segments"]] == [s["dimension"] for s in offline["segments"]] == ["dims.domain"]
+    for got_seg, want_seg in zip(live["segments"], offline["segments"]):
+        assert {r["value"] for r in want_seg["rows"]} == {"code", "math", "chat", "search", "(none)"}
+        got_rows = {(r["value"], r["metric"], r["variant"]): r for r in got_seg["rows"]}
+        assert set(got_rows) == {(r["value"], r["metric"], r["variant"]) for r in want_seg["rows"]}
+        for want in want_seg["rows"]:
+            got = got_rows[(want["value"], want["metric"], want["variant"])]
+            for name in ("n", "estimate", "abs_diff", "rel_diff", "p_value", "p_value_adjusted"):
+                if want.get(name) is None:
+                    assert got.get(name) is None, (want["value"], want["metric"], name)
+                else:
+                    assert got[name] == pytest.approx(want[name], rel=1e-9, abs=1e-12), (want["value"], want["metric"], name)
+        assert [(h["metric"], h["variant"], h["flagged"]) for h in got_seg["heterogeneity"]] == \
+               [(h["metric"], h["variant"], h["flagged"]) for h in want_seg["heterogeneity"]]

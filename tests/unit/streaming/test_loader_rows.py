@@ -24,7 +24,7 @@ def _inference(**overrides):
 
 def _window(**overrides):
     row = {name: 1.0 for name in WINDOW_COLUMNS}
-    row.update({"kind": "inference", "experiment": "exp", "variant": "a", "n": 3, "errors": 0, "tpot_n": 2,
+    row.update({"kind": "inference", "experiment": "exp", "variant": "a", "n": 3, "errors": 0, "tpot_ms_n": 2,
                 "window_start": "2026-01-01T00:00:00Z", "window_end": "2026-01-01T00:00:10Z",
                 "emitted_at": "2026-01-01T00:00:12.345Z"})
     row.update(overrides)
@@ -43,6 +43,20 @@ def test_a_valid_inference_event_becomes_a_raw_row():
     assert row["ts"].isoformat() == "2026-01-01T00:00:01.250000+00:00"
     assert (row["kafka_partition"], row["kafka_offset"]) == (2, 41)
     assert json.loads(row["payload"])["trace_id"] == "t1"
+
+
+def test_measures_dims_and_a_score_only_label_reach_their_columns():
+    row = dict(zip(RAW_COLUMNS, _route("ablab.inference", _inference(
+        measures={"tool_calls": 3, "itl_ms": 4.5}, dims={"domain": "code"})).row))
+    assert row["measures"] == {"tool_calls": 3, "itl_ms": 4.5} and row["dims"] == {"domain": "code"}
+    plain = dict(zip(RAW_COLUMNS, _route("ablab.inference", _inference()).row))
+    assert plain["measures"] == {} and plain["dims"] == {}  # empty maps, never NULL
+    label = {"v": 1, "type": "feedback", "event_id": "f1", "ts": "2026-01-01T00:00:02Z", "trace_id": "t1", "score": 7.5,
+             "source": "judge"}
+    routed = _route("ablab.feedback", json.dumps(label).encode())
+    assert isinstance(routed, Routed), routed
+    row = dict(zip(RAW_COLUMNS, routed.row))
+    assert row["score"] == 7.5 and row["correct"] is None
 
 
 @pytest.mark.parametrize(
@@ -76,17 +90,17 @@ def test_window_rows_are_checked_field_by_field():
     row = dict(zip(WINDOW_COLUMNS, routed.row))
     assert row["n"] == 3 and row["window_start"].isoformat() == "2026-01-01T00:00:00+00:00"
     assert _route(WINDOWS, _window(n=-1)) == Rejection("n", "must be a non-negative integer (got -1)")
-    assert _route(WINDOWS, _window(e2e_sum="12")).field == "e2e_sum"
+    assert _route(WINDOWS, _window(e2e_ms_sum="12")).field == "e2e_ms_sum"
     assert _route(WINDOWS, _window(window_start="yesterday")).field == "window_start"
     assert _route(WINDOWS, _window(kind="other")).field == "kind"
     missing = json.loads(_window())
-    del missing["cost_sum"]
-    assert _route(WINDOWS, json.dumps(missing).encode()) == Rejection("cost_sum", "missing")
+    del missing["cost_usd_sum"]
+    assert _route(WINDOWS, json.dumps(missing).encode()) == Rejection("cost_usd_sum", "missing")
 
 
 def test_a_window_whose_values_were_all_null_has_nan_percentiles():
-    routed = _route(WINDOWS, _window(e2e_p95=None))
-    assert math.isnan(dict(zip(WINDOW_COLUMNS, routed.row))["e2e_p95"])
+    routed = _route(WINDOWS, _window(e2e_ms_p95=None))
+    assert math.isnan(dict(zip(WINDOW_COLUMNS, routed.row))["e2e_ms_p95"])
 
 
 def test_late_rows_carry_the_window_they_missed():

@@ -58,10 +58,10 @@ def test_per_unit_aggregates_count_each_event_once_and_attribute_late_labels(cli
     _load(client, [("i", e) for e in events] + [("f", f) for f in labels])
     rows = {(r["variant"], r["unit_id"]): r for r in queries.variant_unit_aggregates(client, experiment="x")}
     assert rows[("a", "u1")]["n"] == 2 and rows[("a", "u1")]["errors"] == 1
-    assert rows[("a", "u1")]["e2e_sum"] == 30.0 and rows[("a", "u1")]["e2e_sumsq"] == 500.0
+    assert rows[("a", "u1")]["e2e_ms_sum"] == 30.0 and rows[("a", "u1")]["e2e_ms_sumsq"] == 500.0
     assert (rows[("a", "u1")]["labeled"], rows[("a", "u1")]["correct"]) == (1, 1)
     assert (rows[("b", "u2")]["labeled"], rows[("b", "u2")]["correct"]) == (1, 0)
-    assert rows[("b", "u2")]["tpot_n"] == 0 and rows[("b", "u2")]["cost_sum"] == 0.25
+    assert rows[("b", "u2")]["tpot_ms_n"] == 0 and rows[("b", "u2")]["cost_usd_sum"] == 0.25
     assert queries.variant_unit_aggregates(client, experiment="other") == []
 
     windows = {(r["variant"], r["window_start"].second): (r["labeled"], r["correct"])
@@ -71,7 +71,7 @@ def test_per_unit_aggregates_count_each_event_once_and_attribute_late_labels(cli
 
 def test_window_rows_and_reconciliation(client):
     window = {"kind": "inference", "experiment": "x", "variant": "a", "window_start": _ts(0), "window_end": _ts(10),
-              "n": 2, "errors": 0, "tpot_n": 0, "emitted_at": _ts(12)}
+              "n": 2, "errors": 0, "tpot_ms_n": 0, "emitted_at": _ts(12)}
     for name in TABLE_COLUMNS["window_stats"]:
         window.setdefault(name, 1.5)
     # RUM is attributed by trace_id to its request's window and variant, however late it
@@ -93,12 +93,12 @@ def test_window_rows_and_reconciliation(client):
     assert len(rows) == 2
     # the late event is folded into its own window: n, sums and errors include it, late_n says so
     assert rows[0]["n"] == 3 and rows[0]["late_n"] == 1 and rows[0]["errors"] == 1 and rows[0]["rum_n"] == 3
-    assert (rows[0]["e2e_sum"], rows[0]["ttft_sum"], rows[0]["tpot_n"], rows[0]["tpot_sum"]) == (8.5, 3.5, 1, 5.5)
-    assert (rows[0]["e2e_sumsq"], rows[0]["cost_sum"], rows[0]["output_tokens_sum"]) == (50.5, 2.0, 3.5)
-    assert rows[0]["e2e_p95"] == 1.5  # percentiles stay the on-time events' (they do not merge)
-    assert (rows[1]["n"], rows[1]["late_n"], rows[1]["e2e_sum"]) == (1, 1, 11.0) and math.isnan(rows[1]["e2e_p95"])
-    assert (rows[0]["rum_e2e_sum"], rows[0]["rum_e2e_sumsq"]) == (18.0, 126.0)
-    assert rows[0]["rum_e2e_p95"] == pytest.approx(8.7)  # linear interpolation of 3, 6, 9
+    assert (rows[0]["e2e_ms_sum"], rows[0]["ttft_ms_sum"], rows[0]["tpot_ms_n"], rows[0]["tpot_ms_sum"]) == (8.5, 3.5, 1, 5.5)
+    assert (rows[0]["e2e_ms_sumsq"], rows[0]["cost_usd_sum"], rows[0]["output_tokens_sum"]) == (50.5, 2.0, 3.5)
+    assert rows[0]["e2e_ms_p95"] == 1.5  # percentiles stay the on-time events' (they do not merge)
+    assert (rows[1]["n"], rows[1]["late_n"], rows[1]["e2e_ms_sum"]) == (1, 1, 11.0) and math.isnan(rows[1]["e2e_ms_p95"])
+    assert (rows[0]["rum_e2e_ms_sum"], rows[0]["rum_e2e_ms_sumsq"]) == (18.0, 126.0)
+    assert rows[0]["rum_e2e_ms_p95"] == pytest.approx(8.7)  # linear interpolation of 3, 6, 9
     assert rows[0]["labeled"] is None  # no labels yet
     assert queries.window_rows(client, experiment="x", start=BASE + timedelta(seconds=30)) == []
     assert queries.reconciliation(client, experiment="x") == {"raw": 4, "windowed": 2, "late": 2, "balanced": True}

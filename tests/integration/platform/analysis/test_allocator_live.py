@@ -28,16 +28,19 @@ CHILD = textwrap.dedent("""
     from ablab.streaming.store import apply_ddl, make_client
 
     store, db = sys.argv[1:3]
+    # traffic after the experiments start (now): events before a start are its pre-period, not analyzed
+    from datetime import datetime, timedelta, timezone
+    after_start = (datetime.now(timezone.utc) + timedelta(minutes=5)).isoformat()
     # control: the baseline; better: more accurate at the same latency; slow: the most accurate
     # but its p95 TTFT is over the SLA, so the constrained allocator must starve it
     variants = {"control": VariantEffect(weight=1, accuracy=0.70), "better": VariantEffect(weight=1, accuracy=0.85),
                 "slow": VariantEffect(weight=1, accuracy=0.95, latency=3.0)}
     ev = synthetic_events(variants=variants, n_requests=6000, n_units=6000, unit="request", seed=9, label_rate=0.5,
-                          experiment="bandit")
+                          experiment="bandit", start=after_start)
     offline, _ = analyze_events(ev, parse_spec(spec_dict(variants, key="bandit", unit="request")))
     p95 = {r["variant"]: r["estimate"] for r in offline["metrics"] if r["metric"] == "ttft_ms_p95"}
     sla = (max(p95["control"], p95["better"]) + p95["slow"]) / 2
-    users = synthetic_events(n_requests=2000, n_units=200, seed=3, experiment="users")
+    users = synthetic_events(n_requests=2000, n_units=200, seed=3, experiment="users", start=after_start)
 
     client = make_client(f"chdb:///{store}")
     apply_ddl(client)

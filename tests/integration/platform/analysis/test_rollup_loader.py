@@ -14,7 +14,7 @@ import pytest
 
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
-from ablab.platform.stats.store_query import results_from_store, variant_stats_from_rollup
+from ablab.platform.analytics.results import aggregates_from_rollup, results_from_raw
 from ablab.platform.stats.engine import analyze
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 from ablab.streaming.loader.service import Loader
@@ -110,9 +110,9 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
 
     # the loader alone kept the rollup complete and current: nothing for the reader to repair
     assert rollup.ensure_fresh(store, spec.key, spec.slos) == {"slo": 0, "missing": 0}
-    stats, exposures = variant_stats_from_rollup(store, spec, refresh=False)
+    stats, exposures = _rollup_stats(store, spec)
     from_rollup = analyze(spec=spec, stats=stats, exposures=exposures)
-    from_raw = results_from_store(store, spec)
+    from_raw = results_from_raw(store, spec)
     offline, _ = analyze_events(events, spec)
     assert sum(s.ratios["error_rate"].sum_y for s in stats.values()) == len(inference)  # requests, once each
     assert sum(s.ratios["accuracy"].sum_y for s in stats.values()) == len({r["trace_id"] for r in labels})
@@ -122,17 +122,22 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
     # a second delivery of everything (a consumer group reset) changes nothing
     again = Loader(store, kafka_broker, **{**common, "group_id": f"{topics.prefix}-again"})
     assert run_until_idle(again) is None
-    stats2, _ = variant_stats_from_rollup(store, spec, refresh=False)
+    stats2, _ = _rollup_stats(store, spec)
     assert {k: v.ratios["accuracy"].sum_x for k, v in stats2.items()} == {k: v.ratios["accuracy"].sum_x for k, v in stats.items()}
     assert {k: v.ratios["e2e_ms"].sum_x for k, v in stats2.items()} == pytest.approx(
         {k: v.ratios["e2e_ms"].sum_x for k, v in stats.items()}, rel=1e-12)
 
-    # changed SLOs: the reader recomputes the stale units, goodput follows
+    # changed SLOs: the maintenance step recomputes the stale units, goodput follows
     looser = parse_spec({**SPEC, "slos": {"ttft_ms": 400}})
     repaired = rollup.ensure_fresh(store, spec.key, looser.slos)
     assert repaired["slo"] == len({(r["variant"], r["unit_id"]) for r in inference})  # every unit row
-    stats3, _ = variant_stats_from_rollup(store, looser, refresh=False)
+    stats3, _ = _rollup_stats(store, looser)
     offline3, _ = analyze_events(events, looser)
     good = {r["variant"]: r["estimate"] for r in offline3["metrics"] if r["metric"] == "goodput"}
     for variant, vs in stats3.items():
         assert vs.ratios["goodput"].sum_x / vs.ratios["goodput"].sum_y == pytest.approx(good[variant], rel=1e-9)
+
+
+def _rollup_stats(store, spec):
+    agg = aggregates_from_rollup(store, spec)
+    return agg.stats, agg.exposures

@@ -1,5 +1,5 @@
 """Results from the real ClickHouse engine (chDB), by the raw scan and by the per-unit
-rollup (its units computed on the first read), equal the offline analysis of the same events.
+rollup (its units computed by the maintenance step), equal the offline analysis of the same events.
 
 chDB allows one data directory per process, so the store side runs in a child process.
 """
@@ -24,7 +24,7 @@ CHILD = textwrap.dedent("""
     import pandas as pd
     from ablab.streaming.store import apply_ddl, make_client
     from ablab.platform.stats.spec import parse_spec
-    from ablab.platform.stats.store_query import results_from_rollup, results_from_store
+    from ablab.platform.analytics.results import aggregates, results, results_from_raw, results_from_rollup, sync_rollup
     from ablab.streaming.store.rollup import backfill_from_raw
 
     store, events_path, spec_path = sys.argv[1:4]
@@ -46,7 +46,18 @@ CHILD = textwrap.dedent("""
     client.insert_df("raw_events", ev[cols])
     spec = parse_spec(json.load(open(spec_path)))
     backfill_from_raw(client)  # the lookup tables, as migration 0006 does for a store filled before it
-    print(json.dumps({"raw": results_from_store(client, spec), "rollup": results_from_rollup(client, spec)}))
+    sync_rollup(client, spec)  # the maintenance step: unit_stats computed (results reads never write)
+    out = {"raw": results_from_raw(client, spec), "rollup": results_from_rollup(client, spec)}
+    # a read never writes: under SLOs the rollup was not computed with, it scans raw_events
+    def written():
+        return [client.query(f"SELECT count() FROM {t}").result_rows[0][0] for t in ("unit_stats", "rollup_slos")]
+    before = written()
+    looser = parse_spec({**json.load(open(spec_path)), "slos": {"ttft_ms": 400}})
+    out["looser_source"] = aggregates(client, looser).source
+    out["looser"] = results(client, looser)
+    out["current_source"] = aggregates(client, spec).source
+    out["writes"] = [a - b for a, b in zip(written(), before)]
+    print(json.dumps(out))
 """)
 
 
@@ -65,3 +76,5 @@ def test_store_results_equal_offline_results(tmp_path):
     offline, _ = analyze_events(events, parse_spec(spec_data))
     for from_store in (both["raw"], both["rollup"]):
         assert_same_results(from_store, offline)
+    assert both["writes"] == [0, 0] and both["looser_source"] == "raw" and both["current_source"] == "rollup"
+    assert_same_results(both["looser"], analyze_events(events, parse_spec({**spec_data, "slos": {"ttft_ms": 400}}))[0])

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from ablab.platform.stats.aggregates import variant_stats_from_units
 from ablab.platform.stats.engine import analyze
-from ablab.platform.stats.offline import aggregate_events, analyze_events, read_events
+from ablab.platform.analytics.event_files import read_events
+from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import SpecError, parse_spec
 from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events, write_events
 

@@ -19,7 +19,7 @@ def _window_rows():
             x = rng.normal(mu, 10, 50)
             raw[variant].append(x)
             rows.append({"variant": variant, "window_start": t0 + timedelta(seconds=10 * w), "n": 50, "errors": w % 2,
-                         "e2e_sum": x.sum(), "e2e_sumsq": (x**2).sum(), "e2e_p95": float(np.quantile(x, 0.95)),
+                         "e2e_ms_sum": x.sum(), "e2e_ms_sumsq": (x**2).sum(), "e2e_ms_p95": float(np.quantile(x, 0.95)),
                          "labeled": 10, "correct": 8})
     return rows[::-1], raw  # unordered input
 

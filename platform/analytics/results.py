@@ -1,0 +1,216 @@
+"""Results from the ClickHouse store: per-unit rows → per-variant statistics → the engine.
+
+Read only: nothing here writes (the rollup is kept fresh by the loader and by
+:func:`sync_rollup`, called when an experiment is created or changed and by the monitor's
+maintenance pass). Two sources of per-unit rows:
+
+- the per-unit rollup ``unit_stats`` (about one row per unit; built-in metrics only), for
+  unit-randomized experiments without custom metrics or segments whose rollup was computed
+  under the experiment's current SLOs;
+- otherwise one scan of ``raw_events`` rendered from the experiment's per-unit plan
+  (:mod:`ablab.platform.stats.unit_agg`, the same plan ``ablab analyze`` renders in numpy):
+  per-unit rows, per-segment rows and histograms in one pass (GROUPING SETS), plus a
+  per-unit pre-period query for CUPED and a top-values query for segments.
+
+Every value is a bound parameter; the client is passed in (the API owns it; chDB allows one
+owner per data directory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ablab.platform.stats import unit_agg as ua
+from ablab.platform.stats.aggregates import VariantStats, variant_stats_from_units
+from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.spec import ExperimentSpec
+from ablab.platform.stats.sufficient import HistogramStats
+
+if TYPE_CHECKING:
+    from clickhouse_connect.driver.client import Client
+
+Segments = dict[str, dict[str, dict[str, VariantStats]]]
+
+
+@dataclass(eq=False)
+class StoreAggregates:
+    stats: dict[str, VariantStats]
+    exposures: dict[str, float] | None
+    segments: Segments | None = None
+    source: str = "raw"  # "raw" | "rollup"
+    units: dict[str, np.ndarray] | None = None  # the per-unit rows (unit_id: a 64-bit hash of the unit)
+    histograms: dict[str, dict[str, HistogramStats]] | None = None
+
+
+def _columns(client: "Client", sql: str, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    table = client.query_arrow(sql, parameters=dict(params))
+    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
+
+
+def _exposures(client: "Client", spec: ExperimentSpec, *, final: bool) -> dict[str, float] | None:
+    exp = _columns(client, f"""
+        SELECT toString(variant) AS variant, uniqExact(unit_id) AS units FROM raw_events {'FINAL' if final else ''}
+        WHERE type = 'exposure' AND experiment = {{experiment:String}} GROUP BY variant
+    """, {"experiment": spec.key})
+    if not exp["variant"].size or spec.request_randomized:
+        return None
+    got = dict(zip(map(str, exp["variant"]), exp["units"].tolist()))
+    return {v.key: float(got.get(v.key, 0)) for v in spec.variants}
+
+
+def _top_values(client: "Client", sql: ua.StoreSQL) -> dict[str, list[str]]:
+    if sql.top_values is None:
+        return {}
+    rows = client.query(sql.top_values, parameters=sql.params).result_rows
+    top: dict[str, list[str]] = {}
+    for dim, value, _ in rows:
+        top.setdefault(str(dim), []).append(str(value))
+    return top
+
+
+def aggregates_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> StoreAggregates:
+    """Everything the engine reads, from one scan of ``raw_events`` (plus the small queries)."""
+    plan = ua.plan(spec)
+    # the billing join only when there is billing (a primary-key range check, milliseconds)
+    billing = bool(client.query("SELECT count() FROM raw_events WHERE type = 'cost'").result_rows[0][0])
+    probe = ua.store_sql(plan, spec, final=final, billing=billing)
+    sql = ua.store_sql(plan, spec, final=final, billing=billing, top=_top_values(client, probe))
+    rows = _columns(client, sql.main, sql.params)
+    sets = rows.pop("grouping_set")
+    pre = None
+    if sql.pre is not None:
+        got = _columns(client, sql.pre, sql.params)
+        pre = got if got["unit"].size else None
+
+    def part(code: int) -> dict[str, np.ndarray]:
+        mask = (sets == code) & (rows["requests"] > 0)
+        return {k: v[mask] for k, v in rows.items()}
+
+    units = part(sql.sets["units"])
+    ua.attach_pre(plan, units, units["unit_id"], pre)
+    histograms: dict[str, dict[str, HistogramStats]] = {}
+    spans = [0.0]
+    for j, h in enumerate(plan.histograms):
+        code = sql.sets[f"hist:{h.key}"]
+        mask = sets == code
+        spans.append(float(rows["span_s"][mask].max()) if mask.any() else 0.0)
+        for variant in np.unique(rows["variant"][mask]):
+            m = mask & (rows["variant"] == variant)
+            histograms.setdefault(str(variant), {})[h.key] = HistogramStats.from_buckets(rows[f"h{j}"][m], rows[h.count_column][m])
+    span = max(spans)  # the histogram sets span each variant; the widest is the experiment's span
+    durations = {v.key: span for v in spec.variants} if span > 0 else None
+    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
+    segments: Segments | None = None
+    if plan.segments:
+        segments = {}
+        for j, dim in enumerate(plan.segments):
+            seg = part(sql.sets[f"seg:{dim}"])
+            seg["segment"] = seg.pop(f"g{j}")
+            ua.attach_pre(plan, seg, seg["unit_id"], pre)
+            segments[f"dims.{dim}"] = {
+                value: variant_stats_from_units(rows_, cuped=spec.cuped, custom=spec.custom) for value, rows_ in ua.split_segments(seg).items()
+            }
+    return StoreAggregates(stats, _exposures(client, spec, final=final), segments, "raw", units, histograms)
+
+
+# --- the per-unit rollup (migrations 0006–0008, fed by the loader; ablab.streaming.store.rollup) ---
+
+
+def rollup_applies(spec: ExperimentSpec) -> bool:
+    """The rollup holds the built-in columns, one row per randomization unit: not for a
+    request-randomized experiment (each request is its unit), custom metrics or segments."""
+    return not spec.request_randomized and not getattr(spec, "custom", ()) and not getattr(spec, "segments", ())
+
+
+def rollup_current(client: "Client", spec: ExperimentSpec) -> bool:
+    """True when every ``unit_stats`` row of the experiment was computed under its SLOs."""
+    from ablab.streaming.store.rollup import slo_key
+
+    stale = client.query(
+        "SELECT count() FROM unit_stats FINAL WHERE experiment = {experiment:String} AND slo_key != {key:String}",
+        parameters={"experiment": spec.key, "key": slo_key(spec.slos)},
+    ).result_rows[0][0]
+    return not stale
+
+
+def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
+    """Per-variant statistics from ``unit_stats`` (about one row per unit), read only."""
+    from ablab.streaming.store.rollup import ROLLUP_SUMS
+
+    if spec.request_randomized:
+        raise ValueError(f"experiment {spec.key!r} is request-randomized; the per-unit rollup does not apply")
+    p = {"experiment": spec.key}
+    units = _columns(
+        client,
+        f"SELECT toString(variant) AS variant, unit_id, {', '.join(ROLLUP_SUMS)} FROM unit_stats FINAL "
+        "WHERE experiment = {experiment:String} AND requests > 0",
+        p,
+    )
+    per_variant = client.query(  # histograms and time span per variant, one pass
+        "SELECT toString(variant), (sumMap(e2e_buckets, e2e_counts) AS he).1, he.2, "
+        "(sumMap(ttft_buckets, ttft_counts) AS ht).1, ht.2, toUnixTimestamp64Milli(min(min_ts)), "
+        "toUnixTimestamp64Milli(max(max_ts)) "
+        "FROM unit_stats FINAL WHERE experiment = {experiment:String} AND requests > 0 GROUP BY variant",
+        parameters=p,
+    ).result_rows
+    histograms: dict[str, dict[str, HistogramStats]] = {}
+    for variant, e2e_b, e2e_c, ttft_b, ttft_c, _, _ in per_variant:
+        histograms[str(variant)] = {
+            "e2e_ms": HistogramStats.from_buckets(np.asarray(e2e_b), np.asarray(e2e_c)),
+            "ttft_ms": HistogramStats.from_buckets(np.asarray(ttft_b), np.asarray(ttft_c)),
+        }
+    span = (max(r[6] for r in per_variant) - min(r[5] for r in per_variant)) / 1000 if per_variant else 0.0
+    durations = {v.key: span for v in spec.variants} if span > 0 else None
+    stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
+    return StoreAggregates(stats, _exposures(client, spec, final=False), None, "rollup", units, histograms)
+
+
+def aggregates(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
+    """The fastest exact source: the rollup where it applies and is current, else the raw scan."""
+    if rollup_applies(spec) and rollup_current(client, spec):
+        return aggregates_from_rollup(client, spec)
+    return aggregates_from_raw(client, spec)
+
+
+def variant_stats(client: "Client", spec: ExperimentSpec) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
+    agg = aggregates(client, spec)
+    return agg.stats, agg.exposures
+
+
+def _analyze(spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
+    return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments)
+
+
+def results(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+    """``GET /v1/experiments/{key}/results`` from the store."""
+    return _analyze(spec, aggregates(client, spec))
+
+
+def results_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
+    return _analyze(spec, aggregates_from_raw(client, spec, final=final))
+
+
+def results_from_rollup(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+    return _analyze(spec, aggregates_from_rollup(client, spec))
+
+
+def attribution(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+    """``GET /v1/experiments/{key}/attribution`` from the store."""
+    from ablab.platform.stats.attribution import attribute
+
+    return attribute(spec=spec, stats=aggregates(client, spec).stats)
+
+
+def sync_rollup(client: "Client", spec: ExperimentSpec) -> dict[str, int]:
+    """Write the experiment's SLOs for the loader's recomputes and repair what the loader
+    could not know (units computed under older SLOs, events that reached ``raw_events``
+    without it). Called on create/update and by the monitor's pass, never by a read."""
+    from ablab.streaming.store.rollup import ensure_fresh
+
+    if spec.request_randomized:
+        return {"slo": 0, "missing": 0}
+    return ensure_fresh(client, spec.key, spec.slos)

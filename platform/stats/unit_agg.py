@@ -1,0 +1,454 @@
+"""The per-unit aggregation, declared once: which per-unit columns an experiment needs and
+how each is computed from the experiment's requests.
+
+:func:`plan` turns an :class:`~.spec.ExperimentSpec` into a :class:`UnitPlan` — the built-in
+columns of :data:`.metrics.UNIT_COLUMNS`, every custom metric's :func:`.metrics.custom_columns`
+(pre-period and covariate columns included), the histograms of quantile metrics and the
+segment dimensions. Two renderings of the same plan exist, so the store and ``ablab
+analyze`` cannot drift:
+
+- :func:`store_sql` — the ClickHouse text (values are bound parameters; a measure or
+  dimension name is a parameter, never spliced into the text);
+- :func:`per_unit_numpy` / :func:`histograms_numpy` — ``np.bincount`` over request arrays.
+
+Both read a request through its *sources* (one float per request, NaN/NULL when absent):
+
+- catalogue fields ``e2e_ms ttft_ms tpot_ms prompt_tokens output_tokens device_s``;
+- ``cost_usd``: the trace's billed cost where billing arrived, else the worker's estimate,
+  else 0 (always present);
+- ``measures.<name>``: the event's measure of that name, absent when it carried none;
+- ``score`` / ``correct``: the trace's latest label carrying that field (by event time);
+- ``error``: 1 when the request failed (:data:`ERROR_RULE`), else 0 (always present);
+- ``good``: 1 when the request met every SLO of the experiment and did not fail.
+
+A column is ``count`` (requests where its ``requires`` sources are present), ``sum`` or
+``sumsq`` (Σ source / Σ source² over requests where the source and ``requires`` are
+present). In-period requests (``ts >= spec.start``, all when no start) make the rows;
+pre-period requests (``ts < spec.start``) are summed per unit, whatever their variant, and
+attached to the unit's rows (:func:`attach_pre`), as CUPED's covariate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+
+from .metrics import DIM_PREFIX, HISTOGRAM_SOURCES, MEASURE_PREFIX, SLO_METRICS, CustomMetric, custom_columns
+from .sufficient import HIST_BUCKETS, HistogramStats, histogram_bucket, histogram_bucket_sql
+
+FIELDS: tuple[str, ...] = ("e2e_ms", "ttft_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd")
+LATENCIES: tuple[str, ...] = ("e2e_ms", "ttft_ms", "tpot_ms")
+LABELS: tuple[str, ...] = ("score", "correct")
+DERIVED: tuple[str, ...] = ("error", "good")
+ERROR_RULE = "a request failed when its `error` is present and not empty (a boolean column: when true)"
+MAX_SEGMENT_VALUES = 20
+OTHER, NONE = "(other)", "(none)"
+
+Op = Literal["count", "sum", "sumsq"]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitColumn:
+    name: str
+    op: Op
+    source: str | None = None  # count: None
+    requires: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    key: str  # built-in: the latency; custom quantile: the metric's name
+    source: str
+    count_column: str  # in-period column counting the requests that have the source
+
+
+@dataclass(frozen=True, slots=True)
+class UnitPlan:
+    columns: tuple[UnitColumn, ...]  # in-period, one row per (variant, unit[, segment value])
+    pre_columns: tuple[UnitColumn, ...]  # pre-period, per unit
+    histograms: tuple[Histogram, ...]
+    segments: tuple[str, ...]  # dimension names (without "dims.")
+    slos: Mapping[str, float]
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        seen: dict[str, None] = {}
+        for c in (*self.columns, *self.pre_columns):
+            for s in (c.source, *c.requires):
+                if s:
+                    seen[s] = None
+        for h in self.histograms:
+            seen[h.source] = None
+        return tuple(seen)
+
+
+def check_source(source: str) -> None:
+    if source in FIELDS or source in LABELS or source in DERIVED:
+        return
+    if source.startswith(MEASURE_PREFIX) and len(source) > len(MEASURE_PREFIX):
+        return
+    raise ValueError(f"unknown source {source!r}: a field ({', '.join(FIELDS)}), measures.<name>, score, correct or error")
+
+
+def _builtin() -> list[UnitColumn]:
+    cols = [UnitColumn("requests", "count"), UnitColumn("errors", "sum", "error")]
+    for lat in LATENCIES:
+        cols += [UnitColumn(f"{lat}_sum", "sum", lat), UnitColumn(f"{lat}_n", "count", requires=(lat,))]
+        if lat in HISTOGRAM_SOURCES:
+            cols.append(UnitColumn(f"{lat}_sq", "sumsq", lat))
+    cols += [
+        UnitColumn("cost_usd_sum", "sum", "cost_usd"),
+        UnitColumn("labeled", "count", requires=("correct",)),
+        UnitColumn("correct", "sum", "correct"),
+        UnitColumn("labeled_cost_usd_sum", "sum", "cost_usd", ("correct",)),
+        UnitColumn("good", "sum", "good"),
+    ]
+    return cols
+
+
+def _builtin_pre() -> list[UnitColumn]:
+    cols = [UnitColumn("pre_requests", "count"), UnitColumn("pre_cost_usd_sum", "sum", "cost_usd")]
+    for lat in LATENCIES:
+        cols += [UnitColumn(f"pre_{lat}_sum", "sum", lat), UnitColumn(f"pre_{lat}_n", "count", requires=(lat,))]
+    return cols
+
+
+def _xy(x: str, y: str, m: CustomMetric, source: str | None = None) -> list[UnitColumn]:
+    if m.kind == "ratio" and source is None:
+        both = (m.numerator, m.denominator)
+        return [UnitColumn(x, "sum", m.numerator, both), UnitColumn(y, "sum", m.denominator, both)]
+    src = source or m.column
+    return [UnitColumn(x, "sum", src), UnitColumn(y, "count", requires=(src,))]
+
+
+def custom_plan(m: CustomMetric) -> tuple[list[UnitColumn], list[UnitColumn], list[Histogram]]:
+    """(in-period columns, pre-period columns, histograms) of one custom metric."""
+    for s in m.sources:
+        check_source(s)
+    names = custom_columns(m)
+    cols = _xy(names["x"], names["y"], m)
+    pre, hist = [], []
+    if "sq" in names:
+        cols.append(UnitColumn(names["sq"], "sumsq", m.column))
+        hist.append(Histogram(m.name, m.column, names["y"]))
+    if "pre_x" in names:
+        pre = _xy(names["pre_x"], names["pre_y"], m)
+    if "cov_x" in names:
+        cols += _xy(names["cov_x"], names["cov_y"], m, source=m.cuped)
+    return cols, pre, hist
+
+
+def plan(spec: Any) -> UnitPlan:
+    cols, pre = _builtin(), (_builtin_pre() if spec.cuped and spec.start else [])
+    hists = [Histogram(lat, lat, f"{lat}_n") for lat in HISTOGRAM_SOURCES]
+    for m in getattr(spec, "custom", ()) or ():
+        c, p, h = custom_plan(m)
+        cols += c
+        pre += p
+        hists += h
+    segments = []
+    for seg in getattr(spec, "segments", ()) or ():
+        if not seg.startswith(DIM_PREFIX) or len(seg) == len(DIM_PREFIX):
+            raise ValueError(f"segments: {seg!r} is not dims.<name>")
+        segments.append(seg[len(DIM_PREFIX):])
+    for name in spec.slos:
+        if name not in SLO_METRICS:
+            raise ValueError(f"slos.{name}: not an SLO metric")
+    return UnitPlan(tuple(cols), tuple(pre), tuple(hists), tuple(segments), dict(spec.slos))
+
+
+# --- the numpy rendering ---------------------------------------------------------------
+
+
+def _present(values: Mapping[str, np.ndarray], source: str) -> np.ndarray:
+    return ~np.isnan(values[source])
+
+
+def column_numpy(col: UnitColumn, values: Mapping[str, np.ndarray], rows: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
+    """One column over the request positions ``rows`` grouped by ``inverse``."""
+    cond = np.ones(rows.size, dtype=bool)
+    for r in col.requires:
+        cond &= _present(values, r)[rows]
+    if col.op == "count":
+        return np.bincount(inverse, weights=cond.astype(float), minlength=k)
+    x = values[col.source][rows]
+    ok = cond & ~np.isnan(x)
+    x0 = np.where(ok, x, 0.0)
+    return np.bincount(inverse, weights=x0 * x0 if col.op == "sumsq" else x0, minlength=k)
+
+
+def good_numpy(error: np.ndarray, values: Mapping[str, np.ndarray], slos: Mapping[str, float]) -> np.ndarray:
+    """``good`` per request: no error and every SLO met (a missing TPOT cannot break its SLO)."""
+    good = error == 0
+    for name, bound in slos.items():
+        x = values[name]
+        good &= (~np.isnan(x) & (x <= bound)) if name != "tpot_ms" else (np.isnan(x) | (x <= bound))
+    return good.astype(float)
+
+
+def group(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Dense group ids of the rows' key tuples (non-negative ints): (inverse, first row per group, k)."""
+    if not keys[0].size:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0
+    key = np.zeros(keys[0].size, dtype=np.int64)
+    for part in keys:
+        key = key * (int(part.max()) + 1) + part
+    if int(key.max()) < 50_000_000:  # a dense relabelling beats a sort when codes are small
+        occupied = np.bincount(key) > 0
+        inverse = (np.cumsum(occupied) - 1)[key]
+        k = int(occupied.sum())
+    else:
+        _, inverse = np.unique(key, return_inverse=True)
+        k = int(inverse.max()) + 1
+    first = np.full(k, inverse.size, dtype=np.int64)
+    np.minimum.at(first, inverse, np.arange(inverse.size))
+    return inverse, first, k
+
+
+def per_unit_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarray, *keys: np.ndarray) -> dict[str, np.ndarray]:
+    """The plan's in-period columns over request positions ``rows``, grouped by ``keys``
+    (arrays over ``rows``); ``_first`` holds each group's first position in ``rows``."""
+    inverse, first, k = group(*keys)
+    out = {c.name: column_numpy(c, values, rows, inverse, k) for c in p.columns}
+    out["_first"] = first
+    return out
+
+
+def pre_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarray, unit: np.ndarray) -> dict[str, np.ndarray]:
+    """Pre-period columns per unit code (``unit`` over ``rows``): ``unit`` key + columns."""
+    inverse, first, k = group(unit)
+    out = {c.name: column_numpy(c, values, rows, inverse, k) for c in p.pre_columns}
+    out["unit"] = unit[first]
+    return out
+
+
+def attach_pre(p: UnitPlan, units: dict[str, np.ndarray], unit_key: np.ndarray, pre: Mapping[str, np.ndarray] | None) -> None:
+    """Pre-period columns onto per-unit rows (in place), matched by unit key; 0 without any."""
+    if not p.pre_columns:
+        return
+    n = unit_key.size
+    if pre is None or not pre["unit"].size:
+        for c in p.pre_columns:
+            units[c.name] = np.zeros(n)
+        return
+    order = np.argsort(pre["unit"], kind="stable")
+    keys = np.asarray(pre["unit"])[order]
+    pos = np.clip(np.searchsorted(keys, unit_key), 0, keys.size - 1)
+    hit = keys[pos] == unit_key
+    for c in p.pre_columns:
+        units[c.name] = np.where(hit, np.asarray(pre[c.name], dtype=float)[order][pos], 0.0)
+
+
+def histograms_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarray, var: np.ndarray,
+                     labels: np.ndarray) -> dict[str, dict[str, HistogramStats]]:
+    """Per-variant histograms (variant label → key → histogram); ``var`` codes over ``rows``."""
+    k = max(labels.size, 1)
+    out: dict[str, dict[str, HistogramStats]] = {str(v): {} for v in labels}
+    for h in p.histograms:
+        x = values[h.source][rows]
+        ok = ~np.isnan(x)
+        flat = var[ok] * HIST_BUCKETS + histogram_bucket(x[ok])
+        counts = np.bincount(flat, minlength=k * HIST_BUCKETS).reshape(k, HIST_BUCKETS)
+        for i, variant in enumerate(labels):
+            out[str(variant)][h.key] = HistogramStats(counts[i].astype(np.int64))
+    return out
+
+
+def top_values(values: np.ndarray, present: np.ndarray) -> list[str]:
+    """The dimension's top :data:`MAX_SEGMENT_VALUES` values by requests (ties: by value)."""
+    got, counts = np.unique(values[present].astype(str), return_counts=True)
+    order = sorted(range(got.size), key=lambda i: (-counts[i], got[i]))
+    return [str(got[i]) for i in order[:MAX_SEGMENT_VALUES]]
+
+
+def fold_values(values: np.ndarray, present: np.ndarray, top: list[str]) -> np.ndarray:
+    """Each request's segment label: its value if among ``top``, else "(other)"; "(none)" without one."""
+    text = values.astype(str)
+    out = np.where(np.isin(text, np.asarray(top, dtype=str)), text, OTHER).astype(object)
+    out[~present] = NONE
+    return out
+
+
+# --- the SQL rendering -----------------------------------------------------------------
+
+
+def _sql_source(source: str, params: dict[str, Any]) -> str:
+    if source in ("prompt_tokens", "output_tokens"):
+        return f"toFloat64(r.{source})"
+    if source in LATENCIES or source == "device_s":
+        return f"r.{source}"
+    if source == "cost_usd":
+        return "toFloat64(ifNull(if(b.has = 1, b.billed, r.cost_usd), 0))"
+    if source in LABELS:
+        return f"l.{source}"
+    if source == "error":
+        return f"toFloat64({ERROR_SQL})"
+    if source == "good":
+        return "toFloat64(r.good)"
+    if source.startswith(MEASURE_PREFIX):
+        name = f"m{len(params)}"
+        params[name] = source[len(MEASURE_PREFIX):]
+        return f"if(mapContains(r.measures, {{{name}:String}}), r.measures[{{{name}:String}}], NULL)"
+    raise ValueError(f"unknown source {source!r}")
+
+
+ERROR_SQL = "(r.error IS NOT NULL AND r.error != '')"
+
+
+def _sql_column(col: UnitColumn, alias: Mapping[str, str], period: str) -> str:
+    cond = [period, *(f"{alias[r]} IS NOT NULL" for r in col.requires)]
+    if col.op == "count":
+        return f"toFloat64(countIf({' AND '.join(cond)})) AS `{col.name}`"
+    v = f"ifNull({alias[col.source]}, 0)"
+    expr = f"{v} * {v}" if col.op == "sumsq" else v
+    return f"toFloat64(sumIf({expr}, {' AND '.join(cond)})) AS `{col.name}`"
+
+
+def _good_sql(slos: Mapping[str, float], params: dict[str, Any]) -> str:
+    good = [f"NOT {ERROR_SQL}"]
+    for name, bound in slos.items():
+        params[f"slo_{name}"] = float(bound)
+        if name == "tpot_ms":
+            good.append(f"(r.tpot_ms IS NULL OR r.tpot_ms <= {{slo_{name}:Float64}})")
+        else:
+            good.append(f"(r.{name} IS NOT NULL AND r.{name} <= {{slo_{name}:Float64}})")
+    return " AND ".join(good)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreSQL:
+    main: str  # per-unit rows, per-segment rows and histograms (GROUPING SETS), in-period
+    pre: str | None  # pre-period columns per unit
+    params: dict[str, Any]
+    sets: dict[str, int]  # "units", "seg:<dim>", "hist:<key>" → grouping() code
+    top_values: str | None  # the top values of each segment dimension (needs {dims:Array(String)})
+
+
+def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = True,
+              top: Mapping[str, list[str]] | None = None) -> StoreSQL:
+    """The plan as ClickHouse text over ``raw_events``. ``top``: each segment dimension's
+    top values (from the ``top_values`` query); the main query folds the rest into "(other)"."""
+    fin = "FINAL" if final else ""
+    params: dict[str, Any] = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
+    alias: dict[str, str] = {}
+    exprs = []
+    for i, s in enumerate(p.sources):
+        alias[s] = f"s{i}"
+        exprs.append(f"{_sql_source(s, params)} AS s{i}")
+    unit = "r.trace_id" if spec.request_randomized else "r.unit_id"
+    good = _good_sql(p.slos, params)
+    if spec.start:  # epoch milliseconds, compared as the offline path compares them
+        params["start_ms"] = start_ms(spec.start)
+        in_period = "toUnixTimestamp64Milli(r.ts) >= {start_ms:Int64}"
+        pre_period = "toUnixTimestamp64Milli(r.ts) < {start_ms:Int64}"
+    else:
+        in_period, pre_period = "1", "0"
+    seg_exprs, seg_keys = [], []
+    for j, dim in enumerate(p.segments):
+        params[f"dim{j}"] = dim
+        params[f"top{j}"] = list((top or {}).get(dim, []))
+        d = f"{{dim{j}:String}}"
+        seg_exprs.append(
+            f"if(mapContains(r.dims, {d}), if(has({{top{j}:Array(String)}}, r.dims[{d}]), r.dims[{d}], '{OTHER}'), '{NONE}') AS g{j}"
+        )
+        seg_keys.append(f"i.g{j}")
+    hist_exprs, hist_keys = [], []
+    for j, h in enumerate(p.histograms):
+        hist_exprs.append(f"toUInt16({histogram_bucket_sql(f'ifNull({alias[h.source]}, -1)')}) AS h{j}")
+        hist_keys.append(f"i.h{j}")
+    keys = ["i.u", *seg_keys, *hist_keys]
+    sets_sql = ["(variant, i.u)"] + [f"(variant, i.u, {g})" for g in seg_keys] + [f"(variant, {h})" for h in hist_keys]
+    width = len(keys)
+    sets = {"units": (1 << (width - 1)) - 1}
+    for j, dim in enumerate(p.segments):
+        sets[f"seg:{dim}"] = ((1 << width) - 1) & ~(1 << (width - 1)) & ~(1 << (width - 2 - j))
+    for j, h in enumerate(p.histograms):
+        sets[f"hist:{h.key}"] = ((1 << width) - 1) & ~(1 << (width - 2 - len(seg_keys) - j))
+    inner_alias = {s: f"i.{a}" for s, a in alias.items()}
+    columns = ",\n               ".join(_sql_column(c, inner_alias, "1") for c in p.columns)
+    billing_join = f"""LEFT JOIN (
+                SELECT cityHash64(trace_id) AS t, sum(cost_usd) AS billed, toUInt8(1) AS has FROM raw_events {fin}
+                WHERE type = 'cost' AND cost_usd IS NOT NULL GROUP BY t
+            ) AS b ON b.t = cityHash64(r.trace_id)""" if billing else ""
+    if not billing:
+        exprs = [e.replace("if(b.has = 1, b.billed, r.cost_usd)", "r.cost_usd") for e in exprs]
+    labels_needed = any(s in LABELS for s in p.sources)
+    label_join = f"""LEFT JOIN (
+                SELECT cityHash64(trace_id) AS t,
+                       if(countIf(correct IS NOT NULL) > 0, toFloat64(argMaxIf(assumeNotNull(correct), ts, correct IS NOT NULL)), NULL) AS correct,
+                       if(countIf(score IS NOT NULL) > 0, argMaxIf(assumeNotNull(score), ts, score IS NOT NULL), NULL) AS score
+                FROM raw_events {fin} WHERE type = 'feedback' GROUP BY t
+            ) AS l ON l.t = cityHash64(r.trace_id)""" if labels_needed else ""
+    # pre-period requests count per unit whatever their variant (even none)
+    valid = f"""r.type = 'inference' AND r.experiment = {{experiment:String}}
+              AND r.trace_id != '' AND {unit} != ''
+              AND (r.e2e_ms IS NULL OR r.e2e_ms >= 0) AND (r.ttft_ms IS NULL OR r.ttft_ms >= 0)
+              AND (r.tpot_ms IS NULL OR r.tpot_ms >= 0)"""
+    where = f"{valid} AND r.variant IN {{variants:Array(String)}}"
+
+    # only the columns the plan reads (a FINAL scan reads every column it is given)
+    needed = ["ts", "variant", "unit_id", "trace_id", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "error"]
+    needed += [f for f in ("prompt_tokens", "output_tokens", "device_s") if f in p.sources]
+    needed += ["measures"] if any(x.startswith(MEASURE_PREFIX) for x in p.sources) else []
+    needed += ["dims"] if p.segments else []
+    read = ", ".join(f"r.{c} AS {c}" for c in needed)
+
+    def scan(period: str, extra: list[str]) -> str:
+        cols = ", ".join([*exprs, *extra])
+        cond = f"{where} AND {period}" if period != pre_period else f"{valid} AND {period}"
+        return f"""SELECT r.variant AS variant, cityHash64({unit}) AS u, r.ts AS ts, {cols}
+            FROM (SELECT {read}, {good} AS good FROM raw_events AS r {fin} WHERE {cond}) AS r
+            {billing_join}
+            {label_join}"""
+
+    grouping = f"grouping({', '.join(keys)})"
+    main = f"""
+        SELECT toString(i.variant) AS variant, i.u AS unit_id, {', '.join(k + ' AS ' + k[2:] for k in keys[1:]) + ',' if keys[1:] else ''}
+               {grouping} AS grouping_set,
+               {columns},
+               toFloat64(dateDiff('millisecond', min(i.ts), max(i.ts))) / 1000 AS span_s
+        FROM ({scan(in_period, [*seg_exprs, *hist_exprs])}) AS i
+        GROUP BY GROUPING SETS ({', '.join(sets_sql)})
+        SETTINGS force_grouping_standard_compatibility = 1, join_use_nulls = 1
+    """
+    pre = None
+    if p.pre_columns:
+        pre_cols = ",\n               ".join(_sql_column(c, inner_alias, "1") for c in p.pre_columns)
+        pre = f"""
+        SELECT i.u AS unit, {pre_cols}
+        FROM ({scan(pre_period, [])}) AS i GROUP BY i.u SETTINGS join_use_nulls = 1
+        """
+    top_sql = None
+    if p.segments:
+        top_sql = f"""
+        SELECT k, v, count() AS c FROM (
+            SELECT r.dims AS dims FROM raw_events AS r {fin}
+            WHERE {where} AND {in_period}
+        ) ARRAY JOIN mapKeys(dims) AS k, mapValues(dims) AS v
+        WHERE has({{dims:Array(String)}}, k)
+        GROUP BY k, v ORDER BY k, c DESC, v LIMIT {MAX_SEGMENT_VALUES} BY k
+        """
+        params["dims"] = list(p.segments)
+    return StoreSQL(main, pre, params, sets, top_sql)
+
+
+def start_ms(text: str) -> int:
+    """``spec.start`` (ISO-8601; UTC when it names no zone) in epoch milliseconds."""
+    from datetime import datetime, timezone
+
+    try:
+        moment = datetime.fromisoformat(str(text).replace(" ", "T"))
+    except ValueError:
+        raise ValueError(f"start: not an ISO-8601 time: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=timezone.utc)
+    return int(round(moment.timestamp() * 1000))
+
+
+def split_segments(rows: Mapping[str, np.ndarray], column: str = "segment") -> dict[str, dict[str, np.ndarray]]:
+    """Per-(variant, unit, value) rows → value → that value's per-unit rows."""
+    labels = np.asarray(rows[column]).astype(str)
+    return {str(v): {k: np.asarray(c)[labels == v] for k, c in rows.items() if k != column} for v in np.unique(labels)}

@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from ablab.platform.errors import refine_field
 from ablab.platform.factors.catalog import FactorCatalog, FactorDef
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentUpdate
 from ablab.platform.strategy import Strategy
@@ -145,8 +146,7 @@ def field_errors(exc: ValidationError) -> dict[str, str]:
     errors are attributed to the field they name when they name one."""
     out: dict[str, str] = {}
     for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ()))
-        msg = str(err.get("msg", "invalid")).removeprefix("Value error, ")
+        loc, msg = refine_field(".".join(str(p) for p in err.get("loc", ())), str(err.get("msg", "invalid")))
         if not loc:
             loc = _guess_field(msg)
         out.setdefault(loc, msg)

@@ -2,6 +2,25 @@
 
 from __future__ import annotations
 
+import re
+
+# A validator that checks several fields together (the stats engine's parser behind
+# `metrics` and `guardrails`) names the exact one in its message: "metrics.segments[1]: …".
+_NAMED = re.compile(r"^(?:Value error, )?([A-Za-z_]\w*(?:\.\w+|\[\d+\])*): ")
+
+
+def refine_field(field: str, message: str) -> tuple[str, str]:
+    """(field, message) of a validation error, taking the message's own dotted path when it
+    lies at or under ``field`` (``""``/``"body"``: the whole body), with that path cut from
+    the message. The API's problem responses and the dashboard's forms both use it."""
+    named = _NAMED.match(message)
+    if not named:
+        return field, message.removeprefix("Value error, ")
+    path = re.sub(r"\[(\d+)\]", r".\1", named.group(1))
+    if field in ("", "body") or path == field or path.startswith(field + "."):
+        return path, message[named.end():]
+    return field, message.removeprefix("Value error, ")
+
 
 class AblabError(Exception):
     status_code = 400

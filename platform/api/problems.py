@@ -9,7 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ablab.platform.errors import ALL_ERRORS, AblabError
+from ablab.platform.errors import ALL_ERRORS, AblabError, refine_field
 
 PROBLEM = "application/problem+json"
 
@@ -32,7 +32,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [{"field": _field(tuple(e.get("loc", ()))), "message": e.get("msg", "invalid")} for e in exc.errors()]
+        errors = []
+        for e in exc.errors():
+            field, message = refine_field(_field(tuple(e.get("loc", ()))), e.get("msg", "invalid"))
+            errors.append({"field": field, "message": message})
         first = errors[0] if errors else {"field": "body", "message": "invalid request"}
         return problem(422, "Validation failed", f"{first['field']}: {first['message']}", field=first["field"], errors=errors)
 

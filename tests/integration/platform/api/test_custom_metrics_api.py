@@ -39,17 +39,18 @@ def test_custom_metrics_segments_and_mde_are_stored_and_used(api_server) -> None
     assert stored["guardrails"][0]["metric"] == "cost_per_1k_out"
 
 
-@pytest.mark.parametrize(("metrics", "guardrails", "field"), [
-    ({"custom": [{"name": "x", "type": "mean", "column": "nonsense"}]}, [], "metrics.custom[0].column"),
-    ({"custom": [{"name": "e2e_ms", "type": "mean", "column": "e2e_ms"}]}, [], "metrics.custom[0].name"),
-    ({"primary": ["not_defined"]}, [], "primary"),
-    ({"segments": ["domain"]}, [], "metrics.segments[0]"),
-    ({"mde": {"judge": 0.1}}, [], "metrics.mde.judge"),
-    ({}, [{"metric": "judge_score", "max": 1}], "guardrails[0].metric"),
+@pytest.mark.parametrize(("metrics", "guardrails", "field", "says"), [
+    ({"custom": [{"name": "x", "type": "mean", "column": "nonsense"}]}, [], "metrics.custom.0.column", "unknown source"),
+    ({"custom": [{"name": "e2e_ms", "type": "mean", "column": "e2e_ms"}]}, [], "metrics.custom.0.name", "e2e_ms"),
+    ({"primary": ["not_defined"]}, [], "metrics", "primary: unknown metric 'not_defined'"),
+    ({"segments": ["domain"]}, [], "metrics.segments.0", "dims."),
+    ({"mde": {"judge": 0.1}}, [], "metrics.mde.judge", "unknown metric"),
+    ({}, [{"metric": "judge_score", "max": 1}], "guardrails.0.metric", "judge_score"),
 ])
-def test_what_the_engine_cannot_analyze_is_refused_with_the_field_named(api_server, metrics, guardrails, field) -> None:
+def test_what_the_engine_cannot_analyze_is_refused_with_the_field_named(api_server, metrics, guardrails, field, says) -> None:
     key = f"cm-{uuid.uuid4().hex[:8]}"
     with api_server.client("editor") as c:
         r = c.post("/v1/experiments", json=_body(key, metrics, guardrails=guardrails))
+        assert c.get(f"/v1/experiments/{key}").status_code == 404  # nothing was created
     assert r.status_code == 422, r.text
-    assert field in r.text, r.text
+    assert r.json()["field"] == field and says in r.json()["detail"], r.text

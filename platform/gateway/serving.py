@@ -172,12 +172,8 @@ class OpenAIServing:
         call.enter()
         try:
             resp = await client.send(req, stream=True)
-        except httpx.TimeoutException:
-            call.finish(error="backend_timeout")
-            return _backend_error(504, "backend timed out before answering", out_headers)
         except httpx.HTTPError as exc:
-            call.finish(error="backend_unreachable")
-            return _backend_error(502, f"backend unreachable ({type(exc).__name__})", out_headers)
+            return _backend_failed(call, exc, out_headers, stage="connect")
         except BaseException:
             call.finish(error="client_disconnected")
             raise
@@ -190,12 +186,8 @@ class OpenAIServing:
     async def _whole(self, call: "_Call", resp: httpx.Response, out_headers: dict[str, str]) -> Response:
         try:
             data = await resp.aread()
-        except httpx.TimeoutException:
-            call.finish(error="backend_timeout")
-            return _backend_error(504, "backend timed out", out_headers)
         except httpx.HTTPError as exc:
-            call.finish(error="backend_stream_broken")
-            return _backend_error(502, f"backend connection broke ({type(exc).__name__})", out_headers)
+            return _backend_failed(call, exc, out_headers, stage="read")
         except BaseException:
             call.finish(error="client_disconnected")
             raise
@@ -281,6 +273,25 @@ def _stream_error(stats: Any) -> str | None:
 def _backend_error(status: int, message: str, headers: dict[str, str]) -> Response:
     return Response(protocol.error_body(message, kind="server_error"), status_code=status,
                     media_type="application/json", headers=headers)
+
+
+# An httpx failure toward the backend, per stage: (the 504's message on a timeout, the
+# event's error otherwise, the 502's message). Connecting, the backend is unreachable;
+# reading a whole body, the connection broke.
+_BACKEND_FAILURES = {
+    "connect": ("backend timed out before answering", "backend_unreachable", "backend unreachable"),
+    "read": ("backend timed out", "backend_stream_broken", "backend connection broke"),
+}
+
+
+def _backend_failed(call: "_Call", exc: httpx.HTTPError, headers: dict[str, str], *, stage: str) -> Response:
+    """Record the failure on the call and answer 504 (timeout) or 502."""
+    timed_out, error, broke = _BACKEND_FAILURES[stage]
+    if isinstance(exc, httpx.TimeoutException):
+        call.finish(error="backend_timeout")
+        return _backend_error(504, timed_out, headers)
+    call.finish(error=error)
+    return _backend_error(502, f"{broke} ({type(exc).__name__})", headers)
 
 
 class _Call:

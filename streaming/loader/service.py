@@ -472,11 +472,3 @@ class Loader:
             self._known = frozenset(self._known_experiments())
             self._known_at = now
         return self._known
-
-
-def start_in_thread(loader: Loader) -> tuple[threading.Thread, threading.Event]:
-    """Run ``loader`` in a daemon thread (the API's lifespan uses this in embedded mode)."""
-    stop = threading.Event()
-    thread = threading.Thread(target=loader.run, args=(stop,), name="ablab-loader", daemon=True)
-    thread.start()
-    return thread, stop

@@ -25,6 +25,6 @@ def test_labeler_uses_the_grade_a_record_carries():
     lab = Labeler(LabelerConfig(fraction=1.0, delay_median_s=0.0, source="auto"), sink)
     lab.offer({"trace_id": "t1", "output": "It is Paris.", "answer": "paris", "correct": 1})
     lab.offer({"trace_id": "t2", "output": "paris", "answer": "paris", "correct": 0})
-    lab.offer({"trace_id": "t3", "output": "132", "answer": "132"})  # no grade: exact match, as before
+    lab.offer({"trace_id": "t3", "output": "132", "answer": "132"})  # no grade: graded by exact match
     assert lab.emit_due() == 3
     assert {e["trace_id"]: e["correct"] for e in sink.events} == {"t1": 1, "t2": 0, "t3": 1}

@@ -1,24 +1,41 @@
-"""Test helpers shared across test folders: a real SQL database and a real API process.
+"""Support shared by the tests and the benchmarks; none of it ships in the wheel.
 
-Imported by ``tests/conftest.py`` and by tests (``from ablab_testing import start_api``).
+This package holds a real SQL database and a real API process (here), a whole pipeline
+on one machine (:mod:`.pipeline`), the offline computation of the Flink job
+(:mod:`.flink_reference`), the cluster fault drill (:mod:`.cluster_drill`), a seeder of
+the dashboard's store (:mod:`.dashboard_seed`), the inference strategy benchmark
+(:mod:`.inference_bench`), the loader in a test's thread (:mod:`.loading`) and the
+comparison of two results documents (:mod:`.results`). ``tests/`` is on the import path
+through pytest's ``pythonpath`` setting and, for the benchmarks, ``benchmarks/_path.py``.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from ablab.streaming.localhost import server_ports  # noqa: F401 - tests import it from here
 
 ABLAB = str(Path(sys.executable).with_name("ablab"))
+TESTS_DIR = Path(__file__).resolve().parent.parent
+
+
+def support_env(**extra: str) -> dict[str, str]:
+    """The environment of a child process that imports ``ablab_testing``."""
+    path = os.pathsep.join(filter(None, [str(TESTS_DIR), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **extra}
 
 
 def free_port() -> int:
@@ -38,8 +55,15 @@ def closed_port() -> int:
 def run_child(script: str, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     """Run ``script`` with ``python -c`` (a fresh process: chDB allows one store per process);
     it can ``import ablab_testing``."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parent), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "-c", script, *args], capture_output=True, text=True, timeout=timeout,
+                          env=support_env())
+
+
+def run_child_json(script: str, *args: str, timeout: float) -> Any:
+    """:func:`run_child`, which must succeed and print its answer as JSON on its last line."""
+    done = run_child(script, *args, timeout=timeout)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 RAW_FRAME_COLUMNS = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",
@@ -58,6 +82,20 @@ def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-con
     ev["kafka_offset"] = range(len(ev))
     ev["correct"] = ev["correct"].astype("UInt8")
     client.insert_df("raw_events", ev[RAW_FRAME_COLUMNS])
+
+
+def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, on_timeout: Callable[[], str] | None = None,
+             interval_s: float = 0.5) -> Any:
+    """Poll observable state (counters, offsets, checkpoint ids): ``predicate`` every
+    ``interval_s`` until it returns something truthy, which is returned; past ``timeout_s``,
+    fail naming ``what`` (and ``on_timeout()``'s diagnosis)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(interval_s)
+    detail = on_timeout() if on_timeout else ""
+    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{detail}")
 
 
 def postgres_admin_url() -> str | None:
@@ -112,6 +150,21 @@ def _test_key(scope: str, home: Path, env: dict[str, str]) -> str:
     raise RuntimeError(f"could not create a {scope} key:\n{done.stdout}{done.stderr}")
 
 
+def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
+    """Until ``url`` answers 200; fails with the log's tail if ``proc`` exits first or time runs out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url} exited early:\n{log.read_text(errors='replace')[-4000:]}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)  # poll interval while the process starts
+    raise RuntimeError(f"{url} did not come up:\n{log.read_text(errors='replace')[-4000:]}")
+
+
 def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = None) -> ApiServer:
     port = server_ports()  # the API binds after `db upgrade`'s own connections
     env = {
@@ -128,19 +181,53 @@ def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = 
     log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
     process = subprocess.Popen([ABLAB, "api", "--port", str(port), "--no-migrate"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"API exited early:\n{(home / 'api.log').read_text()}")
-        try:
-            if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    else:
+    try:
+        wait_http(f"{base}/healthz", process, home / "api.log", timeout=60)
+    except RuntimeError:
         process.kill()
-        raise RuntimeError(f"API did not start:\n{(home / 'api.log').read_text()}")
+        raise
     return ApiServer(base, database_url, home, tokens, process)
+
+
+def concurrent_requests(servers: Sequence[ApiServer], scope: str, n: int,
+                        send: Callable[[httpx.Client, int], httpx.Response]) -> list[httpx.Response]:
+    """``n`` requests released at once (a barrier), the ``i``-th sent by ``send(client, i)``
+    to ``servers[i % len(servers)]`` with a ``scope`` token; the responses as they came."""
+    barrier = threading.Barrier(n)
+    responses: list[httpx.Response] = []
+    lock = threading.Lock()
+
+    def one(i: int) -> None:
+        with servers[i % len(servers)].client(scope) as client:
+            barrier.wait()
+            response = send(client, i)
+        with lock:
+            responses.append(response)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    return responses
+
+
+def poll_results(server: ApiServer, key: str, until: Callable[[dict], bool], *, timeout_s: float,
+                 interval_s: float = 1.0) -> dict:
+    """``GET /v1/experiments/{key}/results`` until ``until(document)`` holds (the loader
+    commits every few seconds); returns the last document read ({} if none), whether or
+    not it did, for the caller's assertions to say what was missing."""
+    deadline = time.monotonic() + timeout_s
+    result: dict = {}
+    with server.client("viewer") as client:
+        while time.monotonic() < deadline:
+            response = client.get(f"/v1/experiments/{key}/results")
+            if response.status_code == 200:
+                result = response.json()
+                if until(result):
+                    break
+            time.sleep(interval_s)  # poll interval
+    return result
 
 
 def stop_api(server: ApiServer) -> None:

@@ -1,7 +1,7 @@
 """The cluster fault drill: a canned stream through a Kafka cluster, a Flink session
 cluster and several loaders in one group while one broker, one TaskManager and one loader
 are killed; every window must still equal the offline computation
-(:mod:`ablab.streaming.flink.reference`), and the per-unit rollup must count every event
+(:mod:`ablab_testing.flink_reference`), and the per-unit rollup must count every event
 once.
 
 Real parts only: N KRaft brokers (:func:`ablab.streaming.kafka.broker.start_cluster`),
@@ -26,11 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from ablab.streaming.flink import cluster as flink_cluster
-from ablab.streaming.flink import reference as ref
 from ablab.streaming.flink import rest
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer, job_config, wait_for
 from ablab.streaming.kafka import broker
 from ablab.streaming.localhost import server_ports
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.pipeline import PipelineTopics, RawProducer, job_config, wait_for
 
 EXPERIMENT = "drill"
 OUT_OF_ORDERNESS_MS = 2000

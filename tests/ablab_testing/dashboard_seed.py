@@ -3,7 +3,7 @@
 chDB lets one process own a data directory (and a process use one directory), so seeding
 runs in its own process before the API that will own the store starts::
 
-    python -m ablab.dashboards.testing --home DIR --experiment KEY [--requests N]
+    python -m ablab_testing.dashboard_seed --home DIR --experiment KEY [--requests N]
 
 Events come from :mod:`ablab.platform.stats.synthetic`, go through the one event schema
 (``validate_event``) and the loader's row mapping (``raw_event_row``); the 10 s window rows
@@ -160,6 +160,24 @@ def seed_store(*, home: Path, experiment: str, n_requests: int = 20_000, n_units
     client.insert("window_stats", windows, column_names=list(WINDOW_COLUMNS))
     client.close()
     return {"raw_events": len(rows), "window_rows": len(windows)}
+
+
+def seed_in_child(*, home: Path, experiment: str, design: str = "factorial", requests: int = 20_000,
+                  units: int = 2_000, begin_in_s: float = 0.0) -> dict[str, int]:
+    """:func:`seed_store` in a child process (chDB lets one process own one store, and the
+    API that will own this one runs in another); returns its counts."""
+    import subprocess
+    import sys
+
+    from ablab_testing import support_env
+
+    done = subprocess.run(
+        [sys.executable, "-m", "ablab_testing.dashboard_seed", "--home", str(home), "--experiment", experiment,
+         "--design", design, "--requests", str(requests), "--units", str(units), "--begin-in-s", str(begin_in_s)],
+        capture_output=True, text=True, timeout=300, env=support_env())
+    if done.returncode != 0:
+        raise RuntimeError(f"seeding {experiment} failed:\n{done.stdout}{done.stderr}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main(argv: list[str] | None = None) -> None:

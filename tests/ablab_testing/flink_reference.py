@@ -341,3 +341,20 @@ def replay_windows(events: Iterable[dict[str, Any]]) -> dict[tuple[str, int], di
             row["labeled"] += 1
             row["correct"] += label["correct"]
     return {key: dict(value) for key, value in out.items()}
+
+
+def assert_window_row(actual: dict[str, Any], expected: dict[str, Any], key: Any) -> None:
+    """A stored window row equals the computed one: counts and sums exactly (the canned
+    values are dyadic, so any order of addition is exact), percentiles to rounding."""
+    for name, value in expected.items():
+        if name.endswith(("_p50", "_p95", "_p99")):
+            assert math.isclose(actual[name], value, rel_tol=1e-12, abs_tol=1e-9), (key, name, actual[name], value)
+        else:
+            assert actual[name] == value, (key, name, actual[name], value)
+
+
+def assert_window_rows(actual: dict[Any, dict[str, Any]], expected: dict[Any, dict[str, Any]]) -> None:
+    """The same windows, each row equal (:func:`assert_window_row`)."""
+    assert set(actual) == set(expected), (sorted(set(actual) ^ set(expected))[:10])
+    for key, row in expected.items():
+        assert_window_row(actual[key], row, key)

@@ -11,13 +11,15 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ablab.streaming.flink.job import JobConfig
 from ablab.streaming.flink.local import FlinkProcess
+
+from ablab_testing import wait_for
 
 
 @dataclass(frozen=True)
@@ -100,15 +102,59 @@ class RawProducer:
         self._producer.close()
 
 
-def wait_for(predicate: Callable[[], bool], *, timeout_s: float, what: str, on_timeout: Callable[[], str] | None = None,
-             interval_s: float = 0.5) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval_s)
-    detail = on_timeout() if on_timeout else ""
-    raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}\n{detail}")
+def group_members(bootstrap: str, group: str) -> int:
+    """How many consumers the broker counts in ``group`` now (0 before anyone joined)."""
+    from kafka import KafkaAdminClient
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        return len((admin.describe_groups([group]).get(group) or {}).get("members") or ())
+    finally:
+        admin.close()
 
 
-__all__ = ["FlinkProcess", "PipelineTopics", "RawProducer", "job_config", "wait_for"]
+def group_caught_up(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
+    """Every partition of ``topics`` has ``group``'s committed offset at its end: all
+    records are stored and committed. The end is the last stable offset (what a
+    read_committed consumer can see): a transaction still open is not waited for."""
+    from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    probe = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed")
+    try:
+        committed = admin.list_group_offsets({group: None}).get(group) or {}
+        partitions = [TopicPartition(t, p) for t in topics for p in (probe.partitions_for_topic(t) or ())]
+        ends = probe.end_offsets(partitions)
+        # an empty partition has nothing to commit
+        return bool(ends) and all(end == 0 or (committed.get(tp) is not None and committed[tp].offset >= end)
+                                  for tp, end in ends.items())
+    finally:
+        probe.close()
+        admin.close()
+
+
+def read_to_end(bootstrap: str, topic: str) -> list[bytes]:
+    """Every committed record of ``topic`` (read_committed), up to the partitions' ends as
+    they are now."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        consumer.assign(partitions)
+        consumer.seek_to_beginning(*partitions)
+        ends = consumer.end_offsets(partitions)
+        values: list[bytes] = []
+        deadline = time.monotonic() + 120
+        while any(consumer.position(tp) < end for tp, end in ends.items()):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"reading {topic} to {ends} stopped at {[consumer.position(tp) for tp in ends]}")
+            for records in consumer.poll(timeout_ms=1000).values():
+                values.extend(record.value for record in records)
+        return values
+    finally:
+        consumer.close()
+
+
+__all__ = ["FlinkProcess", "PipelineTopics", "RawProducer", "group_caught_up", "group_members", "job_config", "read_to_end",
+           "wait_for"]

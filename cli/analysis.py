@@ -103,7 +103,8 @@ def synth_events(
     """Write a seeded synthetic event file (two variants, clustered users, late labels)."""
     import yaml
 
-    from ablab.platform.stats.synthetic import spec_dict, synthetic_events, write_events
+    from ablab.platform.stats.synthetic import spec_dict, synthetic_events
+    from ablab.platform.analytics.event_files import write_events
 
     events = synthetic_events(n_requests=requests, n_units=units, seed=seed)
     write_events(events, path)

@@ -13,7 +13,8 @@ from ablab.platform.stats.engine import analyze
 from ablab.platform.analytics.event_files import read_events
 from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import SpecError, parse_spec
-from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events, write_events
+from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
+from ablab.platform.analytics.event_files import write_events
 
 CONTRACT_METRICS = {"e2e_ms", "ttft_ms", "tpot_ms", "e2e_ms_p95", "ttft_ms_p95", "accuracy", "cost_usd",
                     "cost_per_correct", "goodput", "error_rate"}

@@ -11,10 +11,15 @@ if TYPE_CHECKING:
 
 class LoaderThread:
     """``loader.run`` in a daemon thread until :meth:`stop` (or, with ``idle_exit_s``, until
-    it has seen no record for that long); what it raised is kept in :attr:`failure`."""
+    it has seen no record for that long); what it raised is kept in :attr:`failure`.
+    ``supervised`` runs ``loader.supervise`` instead, as ``ablab loader`` does: a failed
+    consume loop (a commit refused by a rebalance, a broker away) reconnects."""
 
-    def __init__(self, loader: Loader, *, idle_exit_s: float | None = None) -> None:
+    def __init__(self, loader: Loader, *, idle_exit_s: float | None = None, supervised: bool = False) -> None:
+        if supervised and idle_exit_s is not None:
+            raise ValueError("a supervised loader runs until stopped; idle_exit_s does not apply")
         self.loader = loader
+        self._supervised = supervised
         self.failure: BaseException | None = None
         self._stop = threading.Event()
         self._idle_exit_s = idle_exit_s
@@ -22,7 +27,10 @@ class LoaderThread:
 
     def _target(self) -> None:
         try:
-            self.loader.run(self._stop, idle_exit_s=self._idle_exit_s)
+            if self._supervised:
+                self.loader.supervise(self._stop)
+            else:
+                self.loader.run(self._stop, idle_exit_s=self._idle_exit_s)
         except BaseException as exc:  # noqa: BLE001 - the test inspects it
             self.failure = exc
 

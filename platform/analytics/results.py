@@ -165,8 +165,7 @@ def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, 
         fold = len(top) > ua.MAX_SEGMENT_VALUES  # else every value shows and rows need no summing
         top = top[:ua.MAX_SEGMENT_VALUES]
         p.update(top=top, none=ua.NONE, other=ua.OTHER)
-        # the plan's columns per row first (map lookups), then the folded values summed; a unit
-        # whose requests never carry the dimension: its whole unit_stats row is "(none)"
+        # the plan's columns per row first (map lookups), then the folded values summed
         cols = [c.name for c in plan.columns]
         select = ua.rollup_select(plan, ROLLUP_SUMS, p)
         rows = f"""
@@ -174,13 +173,7 @@ def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, 
                    {select}
             FROM unit_segment_stats FINAL
             WHERE experiment = {{experiment:String}} AND dim = {{dim:String}} AND variant IN {{variants:Array(String)}}
-              AND requests > 0
-            UNION ALL
-            SELECT variant, unit_id, {{none:String}} AS segment, {select}
-            FROM unit_stats FINAL
-            WHERE experiment = {{experiment:String}} AND variant IN {{variants:Array(String)}} AND requests > 0
-              AND (variant, unit_id) NOT IN (SELECT variant, unit_id FROM unit_segment_stats
-                                             WHERE experiment = {{experiment:String}} AND dim = {{dim:String}})"""
+              AND requests > 0"""
         if fold:
             sums = ", ".join(f"sum(`{c}`) AS `{c}`" for c in cols)
             sql = (f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, segment, {sums} FROM ({rows}) "
@@ -188,6 +181,13 @@ def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, 
         else:
             sql = f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, segment, {', '.join(f'`{c}`' for c in cols)} FROM ({rows})"
         seg = _columns(client, sql, p)
+        # a unit whose requests never carry the dimension has no row: its whole row is "(none)"
+        rest = np.ones(units["unit_id"].size, dtype=bool)
+        for variant in np.unique(units["variant"]):
+            mine = units["variant"] == variant
+            rest[mine] = ~np.isin(units["unit_id"][mine], seg["unit_id"][seg["variant"] == variant])
+        seg = {k: np.concatenate([np.asarray(v), np.full(int(rest.sum()), ua.NONE, dtype=object) if k == "segment"
+                                  else np.asarray(units[k])[rest]]) for k, v in seg.items()}
         ua.attach_pre(plan, seg, seg["unit_id"], None)
         out[f"dims.{dim}"] = {
             value: variant_stats_from_units(rows_, cuped=spec.cuped, custom=spec.custom)

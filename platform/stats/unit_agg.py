@@ -9,7 +9,9 @@ analyze`` cannot drift:
 
 - :func:`store_sql` — the ClickHouse text (values are bound parameters; a measure or
   dimension name is a parameter, never spliced into the text);
-- :func:`per_unit_numpy` / :func:`histograms_numpy` — ``np.bincount`` over request arrays.
+- :func:`per_unit_numpy` / :func:`histograms_numpy` — ``np.bincount`` over request arrays;
+- :func:`rollup_select` — the same columns read from the loader-maintained per-unit rollup,
+  for the plans :func:`rollup_unsupported` accepts (the rule, stated once, is above it).
 
 Both read a request through its *sources* (one float per request, NaN/NULL when absent):
 

@@ -1,4 +1,12 @@
-"""The per-unit rollup (``unit_stats``, migrations 0006–0008): fed by the loader, read by results.
+"""The per-unit rollup (``unit_stats`` and ``unit_segment_stats``, migrations 0006–0013): fed by
+the loader, read by results.
+
+Besides the built-in columns, each unit row keeps, per nullable source (the catalogue
+fields, ``score``, ``correct``, ``measures.<name>``), Σ value, count, Σ value² and Σ cost_usd in
+maps keyed by the source's name, and ``unit_segment_stats`` keeps the same per (unit,
+dimension, value) for every dimension the unit's requests carry — so a new measure or
+dimension needs no code or migration. Which custom metrics the rollup can serve is stated
+once, in :mod:`ablab.platform.stats.unit_agg` (``rollup_unsupported``).
 
 Idempotence comes from recomputation, not accumulation. For each batch the loader:
 
@@ -10,7 +18,7 @@ Idempotence comes from recomputation, not accumulation. For each batch the loade
 2. finds the units the batch touched: the inference events' units, plus, for labels and
    billing records, the unit of their trace (looked up by ``trace_id`` in ``rollup_traces``;
    a label that arrives before its inference event is picked up when that event arrives);
-3. recomputes those units' ``unit_stats`` rows from ``rollup_events``/``rollup_labels`` read with
+3. recomputes those units' ``unit_stats`` and ``unit_segment_stats`` rows from ``rollup_events``/``rollup_labels`` read with
    ``FINAL`` (primary-key ranges of the touched units only) and
    inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
 
@@ -35,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ablab.platform.stats.sufficient import histogram_bucket_sql
+from ablab.platform.stats.unit_agg import ALWAYS_PRESENT, FIELDS
 from ablab.streaming.loader.rows import RAW_COLUMNS
 
 if TYPE_CHECKING:
@@ -55,7 +64,8 @@ ROLLUP_SUMS = (
 ROLLUP_MAPS = ("src_sum", "src_n", "src_sq", "src_cost")
 # The layout a unit_stats row was computed under; older rows are recomputed by ensure_fresh.
 ROLLUP_VERSION = 1
-NULLABLE_SOURCES = ("e2e_ms", "ttft_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s")
+# the catalogue fields a request may lack (cost_usd is always present: its own column)
+NULLABLE_SOURCES = tuple(f for f in FIELDS if f not in ALWAYS_PRESENT)
 _I = {name: i for i, name in enumerate(RAW_COLUMNS)}
 # Chunk the unit list of one recompute so its IN-list and join stay small.
 _UNITS_PER_RECOMPUTE = 5_000

@@ -14,6 +14,7 @@ ROOTS = {
     "ablab.inference": "inference",
     "ablab.dashboards": "dashboards",
     "ablab.migrations": "migrations",
+    "ablab.cli": "cli",
 }
 
 

@@ -32,7 +32,8 @@ from pathlib import Path
 import yaml
 
 from ablab.platform.stats.spec import parse_spec
-from ablab.platform.stats.synthetic import spec_dict, synthetic_events, write_events
+from ablab.platform.stats.synthetic import spec_dict, synthetic_events
+from ablab.platform.analytics.event_files import write_events
 
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 SPEC = spec_dict(

@@ -30,9 +30,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
 import httpx
 from rich.console import Console
 from rich.table import Table
+
+from ablab_testing import wait_http
 
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 LUA = Path(__file__).with_name("wrk") / "assign.lua"
@@ -118,17 +121,11 @@ class Api:
             [ABLAB, "api", "--port", str(port), "--workers", str(workers), "--no-migrate"],
             env=env, stdout=self._log, stderr=subprocess.STDOUT,
         )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"API exited early:\n{log.read_text()}")
-            try:
-                if httpx.get(f"{self.base}/healthz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                time.sleep(0.2)
-        self.stop()
-        raise RuntimeError(f"API did not start:\n{log.read_text()}")
+        try:
+            wait_http(f"{self.base}/healthz", self.process, log, timeout=60)
+        except RuntimeError:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         self.process.terminate()

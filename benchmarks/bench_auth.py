@@ -86,7 +86,7 @@ async def _round(app, token: str, n: int) -> tuple[float, float]:  # noqa: ANN00
 
 
 async def _bench(label: str, url: str, home: Path, requests: int, rounds: int) -> list[tuple[str, ...]]:
-    from ablab.platform.api.app import create_app
+    from ablab.cli.wiring import create_app
     from ablab.platform.auth import create_api_key
     from ablab.platform.config import Settings
     from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction

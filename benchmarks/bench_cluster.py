@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-import bench_flink  # noqa: E402 - the pre-fill and the mini-cluster runner
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+import bench_flink  # the pre-fill and the mini-cluster runner
 
 
 def _cpu_seconds(pids: list[int]) -> float:
@@ -48,7 +46,7 @@ def _cpu_seconds(pids: list[int]) -> float:
 def run_on_cluster(prefix: str, bootstrap: str, workdir: Path, flink) -> dict:  # noqa: ANN001 - a FlinkClusterConfig
     from ablab.streaming.flink import cluster as flink_cluster
     from ablab.streaming.flink import rest
-    from ablab.streaming.flink.harness import PipelineTopics, job_config
+    from ablab_testing.pipeline import PipelineTopics, job_config
 
     status = flink_cluster.cluster_status(directory=flink.directory)
     pids = [status.jobmanager, *status.taskmanagers.values()]
@@ -81,61 +79,36 @@ def main() -> None:
 
     from ablab.streaming.flink import cluster as flink_cluster
     from ablab.streaming.localhost import server_ports
-    from ablab.streaming.flink.harness import PipelineTopics
+    from ablab_testing.pipeline import PipelineTopics
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     print(f"work dir {workdir}", flush=True)
-    broker_dir = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from ablab.streaming.kafka.broker import BrokerConfig, start_broker
-
-        broker_dir = workdir / "kafka"
-        config = BrokerConfig(directory=broker_dir, port=server_ports(2), heap_mb=512)
-        bootstrap = start_broker(config=config, topics=()).bootstrap or config.bootstrap
     port = server_ports(2)
     flink = flink_cluster.FlinkClusterConfig(directory=workdir / "flink", taskmanagers=args.taskmanagers,
                                              rest_port=port, rpc_port=port + 1)
-    try:
-        started = time.perf_counter()
-        flink_cluster.start_cluster(config=flink)
-        print(f"session cluster up in {time.perf_counter() - started:.1f}s ({args.taskmanagers} TaskManagers x 2 slots, "
-              "512 MB heap each; JobManager 512 MB)", flush=True)
-        empty, full = PipelineTopics.unique("bcle"), PipelineTopics.unique("bclf")
-        empty.create(bootstrap=bootstrap)
-        full.create(bootstrap=bootstrap)
-        fill_s = bench_flink.prefill(bootstrap, full.inference, args.events, args.producers, args.rate)
-        print(f"pre-filled {args.events:,} events in {fill_s:.1f}s; load {os.getloadavg()[0]:.2f}", flush=True)
-        print(f"machine: {os.cpu_count()} cores; parallelism 2; checkpoints every 5 s; exactly-once sinks", flush=True)
-        print(f"{'mode':<16}{'empty s':>9}{'full s':>9}{'events/s':>11}{'JVM cpu s':>11}{'ev/cpu-s':>10}{'load 1m':>9}",
-              flush=True)
-        runs = {
-            "mini-cluster": lambda prefix: bench_flink.run_variant("p2", prefix, bootstrap, workdir, args.heap),
-            "session": lambda prefix: run_on_cluster(prefix, bootstrap, workdir, flink),
-        }
-        results = {}
-        for mode, run in runs.items():
-            try:
-                base = run(empty.prefix)
-                loaded = os.getloadavg()[0]
-                result = run(full.prefix)
-            except RuntimeError as error:
-                print(f"{mode:<16}failed: {str(error)[-600:]}", flush=True)
-                continue
-            loaded = (loaded + os.getloadavg()[0]) / 2
-            processing, cpu = result["net_s"] - base["net_s"], result["cpu_s"] - base["cpu_s"]
-            results[mode] = args.events / processing
-            print(f"{mode:<16}{base['net_s']:>9.1f}{result['net_s']:>9.1f}{args.events / processing:>11,.0f}"
-                  f"{cpu:>11.1f}{args.events / cpu:>10,.0f}{loaded:>9.2f}", flush=True)
-        if len(results) == 2:
-            print(f"session / mini-cluster events/s: {results['session'] / results['mini-cluster']:.2f}x", flush=True)
-    finally:
-        flink_cluster.stop_cluster(directory=flink.directory)
-        if broker_dir is not None:
-            from ablab.streaming.kafka.broker import stop_broker
-
-            stop_broker(directory=broker_dir)
-
+    with bench_flink.broker_for(args.bootstrap, workdir) as bootstrap:
+        try:
+            started = time.perf_counter()
+            flink_cluster.start_cluster(config=flink)
+            print(f"session cluster up in {time.perf_counter() - started:.1f}s ({args.taskmanagers} TaskManagers x 2 "
+                  "slots, 512 MB heap each; JobManager 512 MB)", flush=True)
+            empty, full = PipelineTopics.unique("bcle"), PipelineTopics.unique("bclf")
+            empty.create(bootstrap=bootstrap)
+            full.create(bootstrap=bootstrap)
+            fill_s = bench_flink.prefill(bootstrap, full.inference, args.events, args.producers, args.rate)
+            print(f"pre-filled {args.events:,} events in {fill_s:.1f}s; load {os.getloadavg()[0]:.2f}", flush=True)
+            print(f"machine: {os.cpu_count()} cores; parallelism 2; checkpoints every 5 s; exactly-once sinks", flush=True)
+            print(f"{'mode':<16}{bench_flink.ROW_HEADER}", flush=True)
+            runs = {
+                "mini-cluster": lambda prefix: bench_flink.run_variant("p2", prefix, bootstrap, workdir, args.heap),
+                "session": lambda prefix: run_on_cluster(prefix, bootstrap, workdir, flink),
+            }
+            results = {mode: bench_flink.measure_row(mode, run, empty=empty.prefix, full=full.prefix,
+                                                     events=args.events, width=16) for mode, run in runs.items()}
+            if all(results.values()):
+                print(f"session / mini-cluster events/s: {results['session'] / results['mini-cluster']:.2f}x", flush=True)
+        finally:
+            flink_cluster.stop_cluster(directory=flink.directory)
 
 if __name__ == "__main__":
     main()

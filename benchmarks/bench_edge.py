@@ -2,7 +2,7 @@
 
 Prints CPU microseconds per event (best of ``--repeat``) for, in one run and on the same events:
 - ``validate_event(bytes)``: the loader's hot path, here vs ``--baseline`` (default ``main``),
-  whose ``streaming/events.py`` is loaded from git history (no physical bounds table, random
+  whose ``platform/events.py`` is loaded from git history (no physical bounds table, random
   ids instead of derived ones);
 - ``ingest_events`` on a 1,000-event JSON body (parse, depth check, validation, derived ids,
   event-time and registry checks), into a sink that only collects.
@@ -35,7 +35,7 @@ def _events(n: int, *, with_ids: bool) -> list[dict[str, Any]]:
 
 
 def _baseline_module(rev: str) -> Any:
-    source = subprocess.run(["git", "show", f"{rev}:streaming/events.py"], cwd=ROOT, capture_output=True, text=True,
+    source = subprocess.run(["git", "show", f"{rev}:platform/events.py"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout
     path = Path(tempfile.mkdtemp()) / "baseline_events.py"
     path.write_text(source)
@@ -74,7 +74,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
 
-    from ablab.streaming import events as current
+    from ablab.platform import events as current
     from ablab.streaming.ingest import IngestStats, ingest_events
 
     baseline = _baseline_module(args.baseline)

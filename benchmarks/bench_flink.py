@@ -27,20 +27,19 @@ change one setting, to see what it costs):
 - plain-tumble    one 10 s TUMBLE COUNT/SUM per (experiment, variant), nothing else
 - rocksdb         the job on RocksDB state with incremental checkpoints
 - changelog       the job with the changelog state backend (generic incremental checkpoints)
-- no-object-reuse the job without pipeline.object-reuse (the job sets it since 2026-12-03)
-- minibatch       the job with mini-batch on (as before)
+- no-object-reuse the job without pipeline.object-reuse (the job sets it)
+- minibatch       the job with mini-batch on (the job turns it off)
 - ckpt-30s        the job with 30 s checkpoints instead of 5 s
 - ttl-60s         the job remembering event_ids for 60 s instead of 600 s (a semantic change)
 - parallel-gc     the job's JVM with -XX:+UseParallelGC instead of G1
 - p2              the job at parallelism 2
 
-- with-rum-join   the job as it was before 2026-12-04 (commit 3d0379e, SQL read from git):
-                  RUM joined to its request in Flink by an interval join, as the baseline
+- with-rum-join   RUM joined to its request in Flink by an interval join (the SQL of commit
+                  3d0379e, read from git): the baseline for attributing RUM in ClickHouse
 
-Join names with ``+`` to combine variants (``no-dedup+no-late+p2``). The variants of
-earlier sessions that measured the RUM interval join (no-rum, bucket-join) and the SQL before
-the 2026-12-03 fixes (before) went with the join on 2026-12-04; their figures are in
-docs/benchmarks/pipeline.md and the code in git history.
+Join names with ``+`` to combine variants (``no-dedup+no-late+p2``). Figures of the
+variants that measured the RUM interval join itself (no-rum, bucket-join, before) are in
+docs/benchmarks/pipeline.md.
 """
 
 from __future__ import annotations
@@ -56,7 +55,11 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -238,7 +241,7 @@ def _jvm_cpu_seconds() -> float:
 def child(args: argparse.Namespace) -> None:
     """Run one variant on one topic and print one JSON line with its timings."""
     from ablab.streaming.flink import job
-    from ablab.streaming.flink.harness import PipelineTopics, job_config
+    from ablab_testing.pipeline import PipelineTopics, job_config
 
     transform, extra, parallelism, _ = variant_spec(args.child)
     topics = PipelineTopics(args.prefix)
@@ -300,6 +303,42 @@ def run_variant(variant: str, prefix: str, bootstrap: str, workdir: Path, heap: 
     return json.loads(lines[-1][len("RESULT "):])
 
 
+@contextmanager
+def broker_for(bootstrap: str | None, workdir: Path) -> Iterator[str]:
+    """``bootstrap`` as given, or a broker of this run's own (in ``workdir``), stopped after it."""
+    if bootstrap is not None:
+        yield bootstrap
+        return
+    from ablab.streaming.kafka.broker import BrokerConfig, start_broker, stop_broker
+    from ablab.streaming.localhost import server_ports
+
+    config = BrokerConfig(directory=workdir / "kafka", port=server_ports(2), heap_mb=512)
+    try:
+        yield start_broker(config=config, topics=()).bootstrap or config.bootstrap
+    finally:
+        stop_broker(directory=config.directory)
+
+
+ROW_HEADER = f"{'empty s':>9}{'full s':>9}{'events/s':>11}{'JVM cpu s':>11}{'ev/cpu-s':>10}{'load 1m':>9}"
+
+
+def measure_row(name: str, run: Callable[[str], dict], *, empty: str, full: str, events: int, width: int) -> float | None:
+    """Run on the empty topics (start-up and shutdown cost) and on the pre-filled ones, print
+    the row, return the processing rate (events/s net of the empty run), or None when it failed."""
+    try:
+        base = run(empty)
+        loaded = os.getloadavg()[0]
+        result = run(full)
+    except RuntimeError as error:  # one broken variant does not end the comparison
+        print(f"{name:<{width}}failed: {str(error)[-600:]}", flush=True)
+        return None
+    loaded = (loaded + os.getloadavg()[0]) / 2
+    processing, cpu = result["net_s"] - base["net_s"], result["cpu_s"] - base["cpu_s"]
+    print(f"{name:<{width}}{base['net_s']:>9.1f}{result['net_s']:>9.1f}{events / processing:>11,.0f}"
+          f"{cpu:>11.1f}{events / cpu:>10,.0f}{loaded:>9.2f}", flush=True)
+    return events / processing
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--events", type=int, default=5_000_000)
@@ -321,19 +360,11 @@ def main() -> None:
     if unknown:
         parser.error(f"unknown variants {unknown}; known: {', '.join(VARIANTS)}")
 
-    from ablab.streaming.flink.harness import PipelineTopics
+    from ablab_testing.pipeline import PipelineTopics
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-flink-"))
     print(f"work dir {workdir}", flush=True)
-    broker_dir = None
-    bootstrap = args.bootstrap
-    if bootstrap is None:
-        from ablab.streaming.kafka.broker import BrokerConfig, free_port, start_broker
-
-        broker_dir = workdir / "kafka"
-        config = BrokerConfig(directory=broker_dir, port=free_port(), heap_mb=512)
-        bootstrap = start_broker(config=config, topics=()).bootstrap or config.bootstrap
-    try:
+    with broker_for(args.bootstrap, workdir) as bootstrap:
         empty, full = PipelineTopics.unique("benche"), PipelineTopics.unique("benchf")
         empty.create(bootstrap=bootstrap)
         full.create(bootstrap=bootstrap)
@@ -343,28 +374,12 @@ def main() -> None:
               f"{args.producers} confluent-kafka processes); load {os.getloadavg()[0]:.2f}", flush=True)
         print(f"machine: {os.cpu_count()} cores; JVM_ARGS={args.heap}; event time {args.rate:,} events/s "
               f"({args.rate * 10:,} per 10 s window); checkpoints every 5 s", flush=True)
-        print(f"{'variant':<30}{'empty s':>9}{'full s':>9}{'events/s':>11}{'JVM cpu s':>11}{'ev/cpu-s':>10}"
-              f"{'load 1m':>9}", flush=True)
+        print(f"{'variant':<30}{ROW_HEADER}", flush=True)
         for variant in variants:
             # Each variant gets its own consumer group / transactional ids (unique prefix per run).
-            try:
-                base = run_variant(variant, empty.prefix, bootstrap, workdir, args.heap)
-                loaded = os.getloadavg()[0]
-                run = run_variant(variant, full.prefix, bootstrap, workdir, args.heap, jfr=args.jfr)
-            except RuntimeError as error:  # one broken variant does not end the comparison
-                print(f"{variant:<30}failed: {str(error)[-600:]}", flush=True)
-                continue
-            loaded = (loaded + os.getloadavg()[0]) / 2
-            processing = run["net_s"] - base["net_s"]
-            cpu = run["cpu_s"] - base["cpu_s"]
-            print(f"{variant:<30}{base['net_s']:>9.1f}{run['net_s']:>9.1f}{args.events / processing:>11,.0f}"
-                  f"{cpu:>11.1f}{args.events / cpu:>10,.0f}{loaded:>9.2f}", flush=True)
-    finally:
-        if broker_dir is not None:
-            from ablab.streaming.kafka.broker import stop_broker
-
-            stop_broker(directory=broker_dir)
-
+            measure_row(variant, lambda prefix, v=variant: run_variant(v, prefix, bootstrap, workdir, args.heap,
+                                                                       jfr=args.jfr and prefix == full.prefix),
+                        empty=empty.prefix, full=full.prefix, events=args.events, width=30)
 
 if __name__ == "__main__":
     main()

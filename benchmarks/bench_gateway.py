@@ -229,7 +229,7 @@ def run_worker(args, tmp: Path, procs: list, backend_and_proxies, out: dict) -> 
     wp = free_port()
     strategy_map = tmp / "worker-map.yaml"
     strategy_map.write_text("experiment: bench\nvariants:\n  dense: {}\n")
-    cli = [sys.executable, "-c", "from ablab.platform.cli import main; main()"]
+    cli = [sys.executable, "-c", "from ablab.cli import main; main()"]
     worker = spawn(cli + ["worker", "--port", str(wp), "--device", args.worker, "--strategy-map", str(strategy_map),
                           "--events-file", str(tmp / "worker-events.jsonl")], tmp / "worker.log")
     procs.append(worker)

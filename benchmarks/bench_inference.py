@@ -19,6 +19,8 @@ import sys
 import time
 from dataclasses import asdict
 
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 import torch
 
 
@@ -45,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     torch.set_num_threads(args.threads)
 
-    from ablab.inference import benchmark as b
+    from ablab_testing import inference_bench as b
     from ablab.inference import tasks
     from ablab.inference.evaluate import accuracy
     from ablab.inference.runtime.executor import RuntimeConfig
@@ -169,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
 # this CPU a decode step of 16 costs several batch-1 steps, so batching buys ~1.5–3× the
 # batch-1 rate for either workload (a probe at 6× the serving rate overloaded every policy):
 # the same factors for both, set before the measured runs, not tuned per policy.
-# 4× (session 7): on a quiet box the task workload's fixed batches still served every
+# 4×: on a quiet box the task workload's fixed batches still served every
 # arrival at 2× and ~90 % at 3×; goodput cannot exceed the arrival rate, so a policy can only
 # beat the best fixed batch by 1.3× where that batch falls short of the arrivals.
 LOAD_FACTORS = {

@@ -25,6 +25,8 @@ import uuid
 from datetime import UTC, datetime
 from pathlib import Path
 
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 
 def _jvm_cpu_seconds() -> dict[str, float]:
     """CPU seconds (user + system) of the broker's and the Flink job's JVMs, from /proc."""
@@ -114,7 +116,7 @@ def main() -> None:
                         help="seconds of the same traffic (another experiment) before the clock starts")
     args = parser.parse_args()
 
-    from ablab.streaming.flink.harness import FlinkProcess, PipelineTopics, job_config, wait_for
+    from ablab_testing.pipeline import FlinkProcess, PipelineTopics, job_config, wait_for
     from ablab.streaming.loader.service import Loader
     from ablab.streaming.store import apply_ddl, make_client
 

@@ -21,7 +21,7 @@ TOPIC = "ablab.inference"
 
 
 def make_events(n: int, seed: int):
-    from ablab.streaming.events import InferenceEvent
+    from ablab.platform.events import InferenceEvent
 
     return [
         InferenceEvent(type="inference", ts="2026-03-01T12:00:00Z", trace_id=f"p{seed}-t{i}", experiment="exp",

@@ -2,10 +2,10 @@
 
     .venv/bin/python benchmarks/bench_shedding.py --rates 700,1050 --pairs 4 [--workload task]
 
-The adaptive policy with ``shed_late`` prefills a group in one step when nothing runs. Since
-session 7 that group is chosen by ``Scheduler.group_admission`` (its predicted step time
-counted against every member's TTFT SLO, freshest first). The ablation ("queue-only") takes
-the group FCFS as before and relies on the queue-only shed limit alone. Both run on the
+The adaptive policy with ``shed_late`` prefills a group in one step when nothing runs. That
+group is chosen by ``Scheduler.group_admission`` (its predicted step time counted against
+every member's TTFT SLO, freshest first). The ablation ("queue-only") takes the group first
+come, first served and relies on the queue-only shed limit alone. Both run on the
 same Poisson traces, alternating, so a shared machine's drift hits both alike. Prints per
 run the requests that met both SLOs, missed TTFT, missed TPOT, or were refused, and the
 paired ratio of good requests.
@@ -17,18 +17,21 @@ import argparse
 import statistics
 import sys
 
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 import torch
 
-from ablab.inference import benchmark as b
 from ablab.inference.assets import shipped_bundle
 from ablab.inference.engine import Engine
 from ablab.inference.scheduler import BatchingConfig
+
+from ablab_testing import inference_bench as b
 
 INF = float("inf")
 
 
 def _queue_only(self: Engine, room: int, now: float) -> list:
-    """The ablation: the oldest `room` requests, as before the group admission."""
+    """The ablation: the oldest `room` requests, with no group admission."""
     return [self.waiting.popleft() for _ in range(room)]
 
 

@@ -6,7 +6,7 @@ TaskManager SIGKILLed mid-stream; every window must equal the offline computatio
     .venv/bin/python benchmarks/cluster_drill.py --windows 30 --per-window 400
 
 The CI test (tests/integration/cluster/test_cluster_faults.py) runs the same drill
-(``ablab.streaming.flink.cluster_drill``) with a shorter stream. Exit code 1 when any
+(``ablab_testing.cluster_drill``) with a shorter stream. Exit code 1 when any
 window differs; the work dir (logs of every JVM) is kept then.
 """
 
@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,7 +30,7 @@ def main() -> int:
     parser.add_argument("--timeout-s", type=float, default=600.0, help="longest wait for any one step")
     args = parser.parse_args()
 
-    from ablab.streaming.flink.cluster_drill import run_drill
+    from ablab_testing.cluster_drill import run_drill
 
     workdir = Path(tempfile.mkdtemp(prefix="cluster-drill-"))
     print(f"work dir {workdir}; {os.cpu_count()} cores; load {os.getloadavg()[0]:.2f}", flush=True)

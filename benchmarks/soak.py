@@ -123,9 +123,9 @@ def _environment(home: Path, ports: dict[str, int], minutes: float) -> dict[str,
 
 def _stack(soak: Soak):  # noqa: ANN202 - (supervisor, services by name)
     """The same Service definitions `ablab up --demo` uses, to restart exactly one of them."""
-    from ablab.platform.cli.stack import _services
+    from ablab.cli.stack import _services
     from ablab.platform.config import get_settings
-    from ablab.platform.stack.processes import Supervisor
+    from ablab.cli.supervisor.processes import Supervisor
 
     get_settings.cache_clear()
     tokens = json.loads((soak.home / "run" / "demo-tokens.json").read_text())

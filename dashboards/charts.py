@@ -139,16 +139,6 @@ def waterfall_chart(shapley: Mapping[str, Any], metric: str) -> alt.Chart:
     ).properties(title=f"Shapley attribution of the {metric_label(metric).lower()} change", height=300)
 
 
-def split_chart(preview: Sequence[Mapping[str, Any]]) -> alt.Chart:
-    df = pd.DataFrame([{"segment": r["segment"], "share_pct": r["share"] * 100} for r in preview])
-    return alt.Chart(df).mark_bar().encode(
-        x=alt.X("share_pct:Q", title="Share of all units (%)", scale=alt.Scale(domain=[0, 100])),
-        y=alt.Y("segment:N", title="Where units go", sort=None),
-        color=alt.Color("segment:N", legend=None),
-        tooltip=["segment", alt.Tooltip("share_pct:Q", format=".1f")],
-    ).properties(title="Split preview", height=40 * max(2, len(df)) + 40, width=600)
-
-
 def segment_frame(segment: Mapping[str, Any], metric: str) -> pd.DataFrame:
     """Relative effect and its CI per segment value and treatment, for one metric."""
     rows = []

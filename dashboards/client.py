@@ -13,6 +13,8 @@ from urllib.parse import quote
 
 import httpx
 
+from ablab.platform.analytics.schemas import Attribution, Results, Timeseries
+
 
 def allowed_api_urls(api_url: str, extra: Iterable[str] = ()) -> list[str]:
     """The APIs this dashboard may talk to: the one it was started with, then any listed in
@@ -131,14 +133,17 @@ class ApiClient:
         return self._json("POST", "/v1/factors", json=body)
 
     # -- results --------------------------------------------------------------------------
-    def results(self, key: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/experiments/{segment(key)}/results")
+    # Parsed into the API's own response models (ablab.platform.analytics.schemas): typed
+    # attributes, and the JSON's mapping access (``.get``, ``[...]``) for the views.
+    def results(self, key: str) -> Results:
+        return Results.model_validate(self._json("GET", f"/v1/experiments/{segment(key)}/results"))
 
-    def timeseries(self, key: str, *, metric: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/experiments/{segment(key)}/timeseries", params={"metric": metric})
+    def timeseries(self, key: str, *, metric: str) -> Timeseries:
+        return Timeseries.model_validate(
+            self._json("GET", f"/v1/experiments/{segment(key)}/timeseries", params={"metric": metric}))
 
-    def attribution(self, key: str) -> dict[str, Any]:
-        return self._json("GET", f"/v1/experiments/{segment(key)}/attribution")
+    def attribution(self, key: str) -> Attribution:
+        return Attribution.model_validate(self._json("GET", f"/v1/experiments/{segment(key)}/attribution"))
 
 
 def _problem(response: httpx.Response) -> ApiError:

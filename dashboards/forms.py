@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from ablab.platform.errors import refine_field
-from ablab.platform.factors.catalog import FactorCatalog, FactorDef
+from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentUpdate
 from ablab.platform.strategy import Strategy
 

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from ablab.inference import tasks
 from ablab.inference.model.transformer import ModelConfig, TinyLM
-from ablab.inference.runtime.lora import LoRAWeights, init_adapter
+from ablab.inference.model.lora import LoRAWeights, init_adapter
 from ablab.inference.runtime.sparse_ffn import Predictor, svd_predictor
 from ablab.inference.tokenizer import ASSETS, Tokenizer, build_tokenizer
 

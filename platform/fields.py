@@ -8,7 +8,7 @@ randomization unit, whether an SLO may bound it, and how a dashboard labels it.
 Everything else that names a field takes it from here or is checked against it by a test
 (``tests/unit/platform/test_fields.py`` for the Flink SQL and the column tuples,
 ``tests/integration/streaming/test_catalogue.py`` for ``DESCRIBE TABLE`` of a migrated
-store): the event models' bounds (``ablab.streaming.events.FIELD_BOUNDS`` is a view of
+store): the event models' bounds (``ablab.platform.events.FIELD_BOUNDS`` is a view of
 this table), the Flink source, screening and window columns, the ClickHouse tables, the
 loader's column tuples, the timeseries maps and the dashboard labels. Adding a field is one
 entry here plus the migration and the SQL the checks then ask for.

@@ -175,7 +175,7 @@ _RESERVED_TOP = frozenset(Strategy.model_fields) | frozenset(GATEWAY_FACTORS)
 
 
 class FactorChecker(Protocol):
-    """What validation needs from a factor catalog (``ablab.platform.factors.catalog``)."""
+    """What validation needs from a factor catalog (``ablab.platform.registry.factors.catalog``)."""
 
     def problems(self, strategy: "OpenStrategy") -> list[tuple[str, str]]: ...
 

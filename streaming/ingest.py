@@ -7,7 +7,7 @@ the raw request body here together with an :class:`EventSink` (the
 - per-event problems never fail the request: the valid events are forwarded, each invalid
   one is dead-lettered with its reason and listed in ``errors`` (``{index, field,
   message}``); the route answers 202 with :meth:`IngestResult.as_dict`. Invalid means: not
-  the schema, outside a field's physical bounds (``ablab.streaming.events.FIELD_BOUNDS``),
+  the schema, outside a field's physical bounds (``ablab.platform.events.FIELD_BOUNDS``),
   an event time too far ahead of the receiving clock or older than the retention, or an
   experiment or variant the registry does not have;
 - a problem with the whole request (body too large, not JSON, nested too deep, bad
@@ -16,7 +16,7 @@ the raw request body here together with an :class:`EventSink` (the
   signature and replay failures (an attacker must not be able to fill the dead-letter topic).
 
 Identity: a record without an ``event_id`` gets
-:func:`~ablab.streaming.events.derive_event_id` (an inference event from its ``trace_id``,
+:func:`~ablab.platform.events.derive_event_id` (an inference event from its ``trace_id``,
 others from their content as sent, before the ingest fills in defaults such as a label's
 receive time), so a client retrying a POST after a timeout sends the same events again,
 not new ones.
@@ -49,7 +49,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn, Protocol
 
 from ablab.platform.config import Settings
-from ablab.streaming.events import (
+from ablab.platform.events import (
     EVENT_MODELS,
     MAX_JSON_DEPTH,
     Rejection,

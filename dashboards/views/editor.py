@@ -21,7 +21,7 @@ from ablab.platform.assignment.targeting import Op
 from ablab.platform.fields import FIELDS, SLO_FIELDS
 from ablab.platform.stats.metrics import METRICS
 from ablab.dashboards.views.strategy import factors_panel, load_catalog, strategy_picker
-from ablab.platform.factors.catalog import FactorCatalog
+from ablab.platform.registry.factors.catalog import FactorCatalog
 from ablab.platform.strategy import Strategy, open_strategy
 
 MAX_VARIANTS = 8

@@ -15,7 +15,7 @@ import streamlit as st
 from ablab.dashboards import forms
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.views.common import Context, call, field_error
-from ablab.platform.factors.catalog import FactorCatalog
+from ablab.platform.registry.factors.catalog import FactorCatalog
 from ablab.platform.strategy import open_strategy
 
 UNSET = "— (not set)"

@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ablab.inference.runtime.lora import LoRAWeights
+from ablab.inference.model.lora import LoRAWeights
 
 
 @dataclass(frozen=True)

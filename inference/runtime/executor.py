@@ -19,7 +19,7 @@ import torch.nn.functional as F
 
 from ablab.inference.model.transformer import TinyLM
 from ablab.inference.runtime.attention import sharded_attention
-from ablab.inference.runtime.lora import AdapterBank, LoRAWeights
+from ablab.inference.model.lora import AdapterBank, LoRAWeights
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER, use_int8
 from ablab.inference.runtime.single import SingleDecode
 from ablab.inference.runtime.sparse_ffn import GATHER_MAX_TOKENS, BaseCalibration, FFNTables, Predictor, sparse_ffn
@@ -284,10 +284,7 @@ class Executor:
         c = self.cfg
         lora: LoRAWeights | None = self.bank.weights(j, rows) if rows is not None else None
         b, t, d = x.shape
-        h = blk.ln1(x)
-        qkv = self._lin(j, "qkv", h)
-        if lora is not None:
-            qkv = qkv + lora.delta("qkv", h)
+        qkv = self._proj(j, "qkv", blk.ln1(x), lora)
         q, k, v = qkv.view(b, t, 3, c.n_heads, c.head_dim).permute(2, 0, 3, 1, 4)
         if isinstance(slots, slice):
             k_cache, v_cache = pool.k[j][slots], pool.v[j][slots]  # views: writes land in the pool
@@ -330,14 +327,7 @@ class Executor:
                 base=self.base_calibration[j], base_tokens=None if rows is None else rows == 0,
             )
             return x + ffn
-        pre = self._lin(j, "up", h)
-        if lora is not None:
-            pre = pre + lora.delta("up", h)
-        act = F.relu(pre)
-        out = self._lin(j, "down", act)
-        if lora is not None:
-            out = out + lora.delta("down", act)
-        return x + out
+        return x + self._dense_ffn(j, h, lora)
 
     def _ragged_layer(self, j: int, x: torch.Tensor, *, pool: KVPool, lay: "_Ragged", rows) -> torch.Tensor:
         """`_layer` over flat tokens x [N, 1, d]: projections per token, attention per sequence."""
@@ -345,10 +335,7 @@ class Executor:
         c = self.cfg
         lora: LoRAWeights | None = self.bank.weights(j, rows) if rows is not None else None
         n_tok, _, d = x.shape
-        h = blk.ln1(x)
-        qkv = self._lin(j, "qkv", h)
-        if lora is not None:
-            qkv = qkv + lora.delta("qkv", h)
+        qkv = self._proj(j, "qkv", blk.ln1(x), lora)
         q, k, v = qkv.view(n_tok, 3, c.n_heads, c.head_dim).unbind(1)  # [N, H, D] each
         pool.k[j][lay.slot_tok, :, lay.pos] = k
         pool.v[j][lay.slot_tok, :, lay.pos] = v
@@ -376,15 +363,13 @@ class Executor:
             return x + torch.cat([ffn_dec, ffn_rest])
         return x + self._dense_ffn(j, h, lora)
 
+    def _proj(self, j: int, name: str, h: torch.Tensor, lora: LoRAWeights | None) -> torch.Tensor:
+        """Projection ``name`` of block ``j``, plus the rows' LoRA delta where they have one."""
+        y = self._lin(j, name, h)
+        return y if lora is None else y + lora.delta(name, h)
+
     def _dense_ffn(self, j: int, h: torch.Tensor, lora: LoRAWeights | None) -> torch.Tensor:
-        pre = self._lin(j, "up", h)
-        if lora is not None:
-            pre = pre + lora.delta("up", h)
-        act = F.relu(pre)
-        out = self._lin(j, "down", act)
-        if lora is not None:
-            out = out + lora.delta("down", act)
-        return out
+        return self._proj(j, "down", F.relu(self._proj(j, "up", h, lora)), lora)
 
 
 def _rows(lora: LoRAWeights | None, sel: slice) -> LoRAWeights | None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ablab.inference.runtime.lora import LoRAWeights
+from ablab.inference.model.lora import LoRAWeights
 
 GATHER_MAX_TOKENS = 8  # above this many tokens in one call, mask a dense product instead
 

@@ -2,7 +2,7 @@
 
 Sinks share one interface, ``emit(event: dict)``: :class:`ListSink` (tests) and the
 SDK's :class:`HttpEventSink` (batches to ``POST /v1/events`` off the request path).
-When ``ablab.streaming.events`` is importable, every event is validated against the
+When ``ablab.platform.events`` is importable, every event is validated against the
 published schema before it leaves, so a producer bug fails here with the field named.
 """
 
@@ -96,7 +96,7 @@ def feedback_event(*, trace_id: str, correct: int | None, source: str = "human",
 def validate(event: dict[str, Any]) -> None:
     """Raise ValueError naming the field when `event` breaks the published schema."""
     try:
-        from ablab.streaming.events import Rejection, validate_event
+        from ablab.platform.events import Rejection, validate_event
     except ImportError:  # schema module not installed: the API validates on receipt
         return
     result = validate_event(event)

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ablab.inference.pricing import PriceTable, load_price_table
+from ablab.platform.pricing import PriceTable, load_price_table
 from ablab.inference.registry import StrategyNotServable, plan_for
 from ablab.inference.serving import events as ev
 from ablab.inference.serving.assigners import Assigner

@@ -1,13 +1,28 @@
-"""Event files for offline analysis: Parquet or JSON Lines → an Arrow table (file I/O only;
-the analysis itself is the pure :mod:`ablab.platform.stats.offline`)."""
+"""Event files for offline analysis: Parquet or JSON Lines → an Arrow table, and a frame of
+events → a file (file I/O only; the analysis itself is the pure
+:mod:`ablab.platform.stats.offline`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
 from ablab.platform.stats.offline import ID_COLUMNS, to_table, wanted
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def write_events(events: "pd.DataFrame", path: str | Path) -> Path:
+    """Parquet for ``.parquet``/``.pq``, JSON Lines otherwise (ISO times in ms)."""
+    path = Path(path)
+    if path.suffix.lower() in (".parquet", ".pq"):
+        events.to_parquet(path, index=False)
+    else:
+        events.to_json(path, orient="records", lines=True, date_format="iso", date_unit="ms")
+    return path
 
 
 def read_events(path: str | Path) -> pa.Table:

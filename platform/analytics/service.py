@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -64,11 +65,11 @@ def sync_rollup(client: Any, exp: ExperimentRead, *, settings: Settings | None =
     return sync(client, spec)
 
 
-def timeseries(client: Any, exp: ExperimentRead, *, metric: str) -> dict[str, Any]:
+def timeseries(windows: Iterable[Mapping[str, Any]], exp: ExperimentRead, *, metric: str) -> dict[str, Any]:
+    """``windows``: the experiment's 10 s window rows from the store (``AnalyticsBackend.window_rows``)."""
     from ablab.platform.stats.timeseries import timeseries as shape
-    from ablab.streaming.store.queries import window_rows
 
     try:
-        return shape(window_rows(client, experiment=exp.key), experiment=exp.key, metric=metric)
+        return shape(windows, experiment=exp.key, metric=metric)
     except ValueError as exc:
         raise Invalid(str(exc), field="metric") from exc

@@ -10,9 +10,10 @@ from sqlalchemy.orm import Session
 
 from ablab.platform.api.state import AppState, Principal
 from ablab.platform.auth import allows
-from ablab.platform.registry.db import transaction
 from ablab.platform.errors import Forbidden, Invalid, PreconditionRequired, Unauthorized
-from ablab.platform.registry.schemas import Scope
+from ablab.platform.registry import service as registry
+from ablab.platform.registry.db import transaction
+from ablab.platform.registry.schemas import ExperimentRead, Scope
 
 
 # Integer columns are 64-bit at most; a larger offset or id used to reach the database and
@@ -40,6 +41,14 @@ def get_session(state: StateDep) -> Iterator[Session]:
 # scope="function": commit before the response leaves, so a client that reads its own
 # write right after a 201 always sees it.
 SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def current_experiment(key: str, session: SessionDep) -> ExperimentRead:
+    """The experiment named by the route's ``{key}`` (404 naming the key when there is none)."""
+    return registry.to_read(registry.get_experiment(session, key))
+
+
+CurrentExperiment = Annotated[ExperimentRead, Depends(current_experiment)]
 
 
 def _principal(state: AppState, authorization: str | None) -> Principal:

@@ -1,7 +1,5 @@
-"""ASGI entry point for uvicorn and other servers: ``ablab.platform.api.server:app``.
-
-Also the HTTP server's limits for slow or greedy clients (:func:`uvicorn_options`, used by
-``ablab api``): a deadline for each request's head (:class:`GuardedHTTPProtocol`), the
+"""The HTTP server's limits for slow or greedy clients (:func:`uvicorn_options`, used by
+``ablab api``, whose app is ``ablab.cli.asgi:app``): a deadline for each request's head (:class:`GuardedHTTPProtocol`), the
 keep-alive idle timeout, a bound on open connections, and a header-size bound. The body's
 size and read time are bounded in the app itself (``app._BodyLimitMiddleware``), so they
 hold under any ASGI server.
@@ -13,7 +11,6 @@ from typing import Any
 
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
-from ablab.platform.api.app import create_app
 from ablab.platform.config import Settings, get_settings
 
 KEEP_ALIVE_S = 5
@@ -72,5 +69,3 @@ def uvicorn_options(settings: Settings) -> dict[str, Any]:
         "h11_max_incomplete_event_size": MAX_HEADER_BYTES,  # h11 only; httptools caps headers itself
     }
 
-
-app = create_app()

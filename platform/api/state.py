@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from sqlalchemy import Engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
+from ablab.platform.api.ports import AnalyticsBackend, Component, IngestPipeline
 from ablab.platform.assignment import AssignmentConfig
 from ablab.platform.auth import authenticate, hash_token
 from ablab.platform.config import Settings
@@ -42,9 +43,19 @@ class AssignmentCache:
         self.config: AssignmentConfig = AssignmentConfig(bucket_space=bucket_space)
         self.payload: dict[str, Any] = {}
         self.etag = ""
+        self._variants: tuple[object, dict[str, frozenset[str]]] = (None, {})
 
     def invalidate(self) -> None:
         self._checked_at = 0.0
+
+    def live_variants(self, key: str) -> frozenset[str] | None:
+        """The variants of a live (not stopped) experiment; None for any other key."""
+        config = self.current().config
+        seen, variants = self._variants
+        if seen is not config:  # rebuilt only when the registry revision moved
+            variants = {e.key: frozenset(v.key for v in e.variants) for e in config.experiments}
+            self._variants = (config, variants)
+        return variants.get(key)
 
     def current(self) -> AssignmentCache:
         if time.monotonic() - self._checked_at < self._ttl_s:
@@ -201,7 +212,27 @@ class AppState:
     assignments: AssignmentCache
     tokens: TokenCache
     metrics: Metrics
-    extras: dict[str, Any] = field(default_factory=dict)
+    # Wired by ``create_app``'s caller (``ablab.cli.wiring``); None where this process runs none.
+    ingest: IngestPipeline | None = None
+    analytics: AnalyticsBackend | None = None
+    # Everything else started with the app (the guardrail monitor, extensions), in start order.
+    components: list[Any] = field(default_factory=list)
+    _known: tuple[int | None, frozenset[str]] = field(default=(None, frozenset()), init=False, repr=False)
+
+    def registered_experiments(self) -> frozenset[str]:
+        """Every experiment ever registered (stopped ones still get late labels), re-read
+        only when the registry revision moves, so a new experiment is known at once."""
+        revision = self.assignments.current().config.revision
+        if revision != self._known[0]:
+            with transaction(self.sessions) as session:
+                items, _ = service.list_experiments(session, limit=100_000)
+            self._known = (revision, frozenset(e.key for e in items))
+        return self._known[1]
+
+    def running(self) -> list[Component]:
+        """The components that report readiness and metrics, ingestion first."""
+        parts = [self.ingest, self.analytics, *self.components]
+        return [c for c in parts if c is not None and isinstance(c, Component)]
 
     @classmethod
     def build(cls, settings: Settings, engine: Engine, sessions: sessionmaker[Session]) -> AppState:

@@ -8,8 +8,58 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from ablab.platform.assignment.engine import AssignmentConfig, ExperimentSpec, HoldoutSpec, LayerSpec, VariantSpec
 from ablab.platform.assignment.targeting import rules_from_stored
+
+
+class _Payload(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class LayerPayload(_Payload):
+    key: str
+    salt: str
+
+
+class HoldoutPayload(_Payload):
+    key: str
+    salt: str
+    fraction: float
+
+
+class VariantPayload(_Payload):
+    key: str
+    weight: float
+    strategy: dict[str, Any]
+    paused: bool = False
+
+
+class ExperimentPayload(_Payload):
+    key: str
+    salt: str
+    phase: int
+    unit: str
+    status: str
+    traffic: float
+    control: str
+    layer: str | None = None
+    layer_range: list[int] | None = None
+    holdout: str | None = None
+    targeting: list[dict[str, Any]] = []
+    forced: dict[str, str] = {}
+    variants: list[VariantPayload]
+
+
+class SdkConfig(_Payload):
+    """The published shape of the payload (the API serves the dict as built, unvalidated)."""
+
+    revision: int
+    bucket_space: int
+    layers: list[LayerPayload]
+    holdouts: list[HoldoutPayload]
+    experiments: list[ExperimentPayload]
 
 
 def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:

@@ -4,7 +4,7 @@ assignment client, the outbox and its shipper (never at import time)."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,22 +19,21 @@ from ablab.platform.gateway.serving import GatewayState, ServingChat, ServingCom
 from ablab.platform.gateway.settings import GatewaySettings
 from ablab.platform.gateway.upstream import upstream_pools
 
+# A prompt compressor: (text, tau, window) -> the text with its predictable tokens dropped.
+Compressor = Callable[[str, float, int], str]
+
 log = logging.getLogger(__name__)
 
 
-def build_state(settings: GatewaySettings, *, sdk: Any = None) -> GatewayState:
-    """Everything a running gateway holds. ``sdk`` (an ``AblabClient``) may be given (tests);
-    else one is started when a token is configured."""
-    state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer())
-    if sdk is None and settings.token:
-        from ablab.platform.sdk import AblabClient
-
-        sdk = AblabClient(settings.api_url, settings.token, refresh_s=settings.refresh_s)
-        if not sdk.wait_ready(10.0):
-            log.warning("the assignment config is not loaded yet (API at %s); units get the default backend until it is",
-                        settings.api_url)
-    elif sdk is None:
-        log.warning("no sdk token: every request goes to the default backend %r and no events are written",
+def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compressor | None = None) -> GatewayState:
+    """Everything a running gateway holds. ``sdk`` assigns units (an ``AblabClient``, which
+    ``ablab gateway`` starts with the sdk token and closes); without one every request goes to
+    the default backend. ``compress`` serves ``compression`` strategies (without one they are
+    refused by name)."""
+    state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer(),
+                         compress=compress)
+    if sdk is None:
+        log.warning("no assignment client (no sdk token): every request goes to the default backend %r",
                     settings.default_backend)
     state.sdk = sdk
     if settings.outbox_dir is not None:
@@ -55,18 +54,19 @@ def refused_variants(state: GatewayState) -> list[str]:
     out = []
     for exp in state.sdk.config.experiments:
         for v in exp.variants:
-            problems = strategy_problems(v.strategy, backends=state.settings.backends, templates=state.settings.templates)
+            problems = strategy_problems(v.strategy, backends=state.settings.backends, templates=state.settings.templates,
+                                         can_compress=state.compress is not None)
             if problems:
                 out.append(f"{exp.key}/{v.key}: " + "; ".join(problems))
     return out
 
 
-def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True) -> Starlette:
+def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True, compress: Compressor | None = None) -> Starlette:
     holder: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
-        state = build_state(settings, sdk=sdk)
+        state = build_state(settings, sdk=sdk, compress=compress)
         holder["state"] = state
         chat.state = completion.state = state
         for line in refused_variants(state):
@@ -85,8 +85,6 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True)
                 shipper.close()
             if state.outbox is not None:
                 state.outbox.close()
-            if sdk is None and state.sdk is not None:
-                state.sdk.close()
 
     chat = ServingChat(None)  # type: ignore[arg-type]  # the lifespan gives them their state
     completion = ServingCompletion(None)  # type: ignore[arg-type]

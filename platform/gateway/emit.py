@@ -1,10 +1,10 @@
 """Durable event delivery: the project's outbox (one JSON line per event, flushed to the OS
-before the request is answered) and its forwarder (``ablab.platform.stack.outbox``), which
+before the request is answered) and its forwarder (``ablab.platform.gateway.outbox``), which
 posts batches to ``POST /v1/events`` with the gateway's sdk-scoped token and saves its read
 position only after a 202. A gateway killed at any point after answering loses nothing: the
 next start ships what the last one wrote, with the same event ids.
 
-Events are validated against ``ablab.streaming.events`` before they are written, so a bad
+Events are validated against ``ablab.platform.events`` before they are written, so a bad
 record is counted here (``refused``) rather than found later in a dead-letter topic.
 """
 
@@ -34,7 +34,7 @@ def event_unit_id(unit: str) -> str:
 
 
 def schema_has_measures() -> bool:
-    from ablab.streaming.events import InferenceEvent
+    from ablab.platform.events import InferenceEvent
 
     return "measures" in InferenceEvent.model_fields
 
@@ -43,7 +43,7 @@ class Outbox:
     """Append-only JSONL file of this gateway's events; one process owns a directory."""
 
     def __init__(self, directory: Path) -> None:
-        from ablab.streaming.events import Rejection, validate_event
+        from ablab.platform.events import Rejection, validate_event
 
         self._validate, self._rejection = validate_event, Rejection
         self.directory = Path(directory)
@@ -87,7 +87,7 @@ class Shipper:
     """Runs the outbox forwarder in a thread until :meth:`close`."""
 
     def __init__(self, directory: Path, *, api_url: str, token: str) -> None:
-        from ablab.platform.stack.outbox import Forwarder, http_poster
+        from ablab.platform.gateway.outbox import Forwarder, http_poster
 
         self.forwarder = Forwarder(Path(directory), post=http_poster(api_url, token))
         self._stop = threading.Event()

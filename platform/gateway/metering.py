@@ -69,7 +69,7 @@ def cost(*, backend: Backend, model: str | None, prompt_tokens: int, output_toke
         pin, pout, version = found
         return (prompt_tokens * pin + output_tokens * pout) / 1e6, version
     if price is not None and price.device:
-        from ablab.inference.pricing import load_price_table  # plain JSON; no torch
+        from ablab.platform.pricing import load_price_table  # plain JSON; no torch
 
         return load_price_table().cost(device_s=device_s, device=price.device, when=when)
     return 0.0, UNPRICED

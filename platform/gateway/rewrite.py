@@ -36,8 +36,10 @@ def torch_available() -> bool:
     return importlib.util.find_spec("torch") is not None
 
 
-def strategy_problems(strategy: Mapping[str, Any], *, backends: Mapping[str, Any], templates: Mapping[str, str]) -> list[str]:
-    """Why this gateway cannot serve the strategy (empty when it can)."""
+def strategy_problems(strategy: Mapping[str, Any], *, backends: Mapping[str, Any], templates: Mapping[str, str],
+                      can_compress: bool | None = None) -> list[str]:
+    """Why this gateway cannot serve the strategy (empty when it can). ``can_compress``: whether
+    the gateway was given a prompt compressor (default: whether torch, its scorer's need, is installed)."""
     problems = []
     backend = strategy.get("backend")
     if backend is not None and backend not in backends:
@@ -55,7 +57,9 @@ def strategy_problems(strategy: Mapping[str, Any], *, backends: Mapping[str, Any
     if depth is not None and (not isinstance(depth, int) or isinstance(depth, bool) or not 0 <= depth <= MAX_COT_DEPTH):
         problems.append(f"cot_depth={depth!r}: an integer in 0..{MAX_COT_DEPTH}")
     compression = strategy.get("compression")
-    if isinstance(compression, Mapping) and compression.get("method", "none") == "entropy" and not torch_available():
+    if can_compress is None:
+        can_compress = torch_available()
+    if isinstance(compression, Mapping) and compression.get("method", "none") == "entropy" and not can_compress:
         problems.append("compression.method='entropy' needs the in-repo scorer: install ablab[inference] (torch)")
     return problems
 

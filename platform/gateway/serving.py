@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -29,7 +29,7 @@ from ablab.platform.gateway import protocol
 from ablab.platform.gateway.emit import event_unit_id
 from ablab.platform.gateway.metering import Measurement, exposure_event, inference_event, strategy_id
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
-from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems, torch_available
+from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
 from ablab.platform.gateway.stream import StreamMeter
 from ablab.platform.gateway.translators import translator_for
@@ -64,6 +64,9 @@ class GatewayState:
     outbox: Any = None  # emit.Outbox
     tracer: Any = None
     with_measures: bool = False
+    # The prompt compressor (text, tau, window) -> text; the in-repo model's, given by
+    # `ablab gateway` where torch is installed (ablab.inference.compression.compress).
+    compress: Callable[[str, float, int], str] | None = None
     inflight: dict[str, int] = field(default_factory=dict)
     plans: dict[tuple[str, tuple[tuple[str, str], ...]], Plan] = field(default_factory=dict)
     refused_logged: set[tuple[str, str]] = field(default_factory=set)
@@ -81,7 +84,8 @@ class GatewayState:
             for a in found:  # the first experiment (layer order) to set a factor decides it
                 for k, v in a.strategy.items():
                     merged.setdefault(k, v)
-            problems = tuple(strategy_problems(merged, backends=self.settings.backends, templates=self.settings.templates))
+            problems = tuple(strategy_problems(merged, backends=self.settings.backends, templates=self.settings.templates,
+                                               can_compress=self.compress is not None))
             plan = Plan(key[1], merged, strategy_id(merged), problems)
             if len(self.plans) > 4096:
                 self.plans.clear()
@@ -92,12 +96,8 @@ class GatewayState:
                     log.error("experiment %s variant %s cannot be served by this gateway: %s", exp, var, "; ".join(problems))
         return plan
 
-    def compressor(self) -> Any:
-        if not torch_available():
-            return None
-        from ablab.platform.gateway.compression import compress
-
-        return compress
+    def compressor(self) -> Callable[[str, float, int], str] | None:
+        return self.compress
 
 
 def _attributes(headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -172,12 +172,8 @@ class OpenAIServing:
         call.enter()
         try:
             resp = await client.send(req, stream=True)
-        except httpx.TimeoutException:
-            call.finish(error="backend_timeout")
-            return _backend_error(504, "backend timed out before answering", out_headers)
         except httpx.HTTPError as exc:
-            call.finish(error="backend_unreachable")
-            return _backend_error(502, f"backend unreachable ({type(exc).__name__})", out_headers)
+            return _backend_failed(call, exc, out_headers, stage="connect")
         except BaseException:
             call.finish(error="client_disconnected")
             raise
@@ -190,12 +186,8 @@ class OpenAIServing:
     async def _whole(self, call: "_Call", resp: httpx.Response, out_headers: dict[str, str]) -> Response:
         try:
             data = await resp.aread()
-        except httpx.TimeoutException:
-            call.finish(error="backend_timeout")
-            return _backend_error(504, "backend timed out", out_headers)
         except httpx.HTTPError as exc:
-            call.finish(error="backend_stream_broken")
-            return _backend_error(502, f"backend connection broke ({type(exc).__name__})", out_headers)
+            return _backend_failed(call, exc, out_headers, stage="read")
         except BaseException:
             call.finish(error="client_disconnected")
             raise
@@ -281,6 +273,25 @@ def _stream_error(stats: Any) -> str | None:
 def _backend_error(status: int, message: str, headers: dict[str, str]) -> Response:
     return Response(protocol.error_body(message, kind="server_error"), status_code=status,
                     media_type="application/json", headers=headers)
+
+
+# An httpx failure toward the backend, per stage: (the 504's message on a timeout, the
+# event's error otherwise, the 502's message). Connecting, the backend is unreachable;
+# reading a whole body, the connection broke.
+_BACKEND_FAILURES = {
+    "connect": ("backend timed out before answering", "backend_unreachable", "backend unreachable"),
+    "read": ("backend timed out", "backend_stream_broken", "backend connection broke"),
+}
+
+
+def _backend_failed(call: "_Call", exc: httpx.HTTPError, headers: dict[str, str], *, stage: str) -> Response:
+    """Record the failure on the call and answer 504 (timeout) or 502."""
+    timed_out, error, broke = _BACKEND_FAILURES[stage]
+    if isinstance(exc, httpx.TimeoutException):
+        call.finish(error="backend_timeout")
+        return _backend_error(504, timed_out, headers)
+    call.finish(error=error)
+    return _backend_error(502, f"{broke} ({type(exc).__name__})", headers)
 
 
 class _Call:

@@ -35,7 +35,7 @@ class Price:
     input_per_mtok: float | None = None
     output_per_mtok: float | None = None
     version: str | None = None
-    device: str | None = None  # 'cpu' | 'cuda': device-seconds × inference/assets/prices.json
+    device: str | None = None  # 'cpu' | 'cuda': device-seconds × platform/assets/prices.json
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from sqlalchemy import Engine
 
 import ablab.migrations
 
@@ -24,6 +25,14 @@ def upgrade(url: str, revision: str = "head") -> None:
 
 def downgrade(url: str, revision: str) -> None:
     command.downgrade(alembic_config(url), revision)
+
+
+def revision_of(engine: Engine) -> str | None:
+    """The applied revision through an existing engine; None when no migration ran."""
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
 
 
 def current(url: str) -> str | None:

@@ -73,6 +73,21 @@ def _finish_response(call: Call, response: Any) -> Any:
     return response
 
 
+def _stream_error(exc: BaseException) -> str:
+    # a consumer that stops iterating closes the generator: the client went away
+    return "client_disconnected" if isinstance(exc, GeneratorExit) else type(exc).__name__
+
+
+def _returned(call: Call, body: dict[str, Any], result: Any, hide: bool, stream: type[_SyncStream]) -> Any:
+    """What ``create`` hands back: the stream wrapped (timed as it is read) or the whole
+    response, observed now."""
+    if body.get("stream") is True:
+        return stream(call, result, hide)
+    _finish_response(call, result)
+    call.finish(end=call._last)
+    return result
+
+
 class _SyncStream:
     def __init__(self, call: Call, stream: Any, hide_usage: bool) -> None:
         self._call, self._stream, self._hide = call, stream, hide_usage
@@ -85,7 +100,7 @@ class _SyncStream:
                     continue
                 yield chunk
         except BaseException as exc:
-            self._call.fail(type(exc).__name__ if not isinstance(exc, GeneratorExit) else "client_disconnected")
+            self._call.fail(_stream_error(exc))
             raise
         finally:
             self._call.finish()
@@ -105,7 +120,7 @@ class _AsyncStream(_SyncStream):
                     continue
                 yield chunk
         except BaseException as exc:
-            self._call.fail(type(exc).__name__ if not isinstance(exc, GeneratorExit) else "client_disconnected")
+            self._call.fail(_stream_error(exc))
             raise
         finally:
             self._call.finish()
@@ -127,11 +142,7 @@ class _Completions:
             call.fail(type(exc).__name__)
             call.finish()
             raise
-        if body.get("stream") is True:
-            return _SyncStream(call, result, hide)
-        _finish_response(call, result)
-        call.finish(end=call._last)
-        return result
+        return _returned(call, body, result, hide, _SyncStream)
 
     async def _acreate(self, call: Call, body: dict[str, Any], hide: bool) -> Any:
         call.start()
@@ -141,11 +152,7 @@ class _Completions:
             call.fail(type(exc).__name__)
             call.finish()
             raise
-        if body.get("stream") is True:
-            return _AsyncStream(call, result, hide)
-        _finish_response(call, result)
-        call.finish(end=call._last)
-        return result
+        return _returned(call, body, result, hide, _AsyncStream)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)

@@ -47,7 +47,7 @@ class HttpEventSink:
     ``emit`` only enqueues, so it never blocks the caller; a failed batch is retried with
     backoff, and events stay queued (bounded) while the API is unreachable. Each event gets
     its ``event_id`` here, at emit time (unless it has one), by the same rule as the API
-    (:func:`ablab.streaming.events.derive_event_id`: an inference event's id comes from its
+    (:func:`ablab.platform.events.derive_event_id`: an inference event's id comes from its
     trace_id, any other's from its content), so a batch re-posted after a lost response, or
     an event emitted twice, carries the same id and the pipeline counts it once.
 
@@ -79,7 +79,7 @@ class HttpEventSink:
 
     def emit(self, event: dict[str, Any]) -> None:
         if event.get("event_id") is None:
-            from ablab.streaming.events import derive_event_id
+            from ablab.platform.events import derive_event_id
 
             event = {**event, "event_id": derive_event_id(event)}
         try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -137,12 +136,3 @@ def spec_dict(
         "variants": [{"key": k, "weight": v.weight, "strategy": dict(v.strategy or {})} for k, v in variants.items()],
         **extra,
     }
-
-
-def write_events(events: pd.DataFrame, path: str | Path) -> Path:
-    path = Path(path)
-    if path.suffix.lower() in (".parquet", ".pq"):
-        events.to_parquet(path, index=False)
-    else:
-        events.to_json(path, orient="records", lines=True, date_format="iso", date_unit="ms")
-    return path

@@ -44,9 +44,9 @@ tests/integration/streaming/test_pipeline_canned.py):
 - RUM (client-side latency, seconds late) and feedback (labels, minutes late) are *not*
   read by this job: both are attributed to their original request's window and variant in
   ClickHouse at query time, by ``trace_id`` (``ablab.streaming.store.queries``), however
-  late they arrive, so nothing here holds per-request state for them. (Until 2026-12-04
-  RUM was an interval join here: it buffered every request for the RUM horizon, lost RUM
-  outside it, and cost the job a third of its CPU; docs/benchmarks/pipeline.md.)
+  late they arrive, so nothing here holds per-request state for them. (An interval join
+  here would buffer every request for the RUM horizon, lose RUM outside it, and cost the
+  job a third of its CPU; docs/benchmarks/pipeline.md.)
 
 Fault tolerance: checkpoints every ``checkpoint_interval_s`` (exactly-once mode), retained
 on cancellation; the Kafka sinks are transactional (``exactly-once``), so rows become
@@ -69,7 +69,6 @@ from typing import Any
 from ablab.platform.fields import FIELDS
 
 SQL_DIR = Path(__file__).parent / "sql"
-WINDOW_SECONDS = 10
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
 _SAFE_VALUE = re.compile(r"^[A-Za-z0-9_.:,/\-=+ ]*$")
 

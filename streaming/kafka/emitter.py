@@ -39,12 +39,11 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ablab.streaming.events import Rejection, dead_letter_record, topic_key
+from ablab.platform.events import Rejection, dead_letter_record, topic_key
 from ablab.streaming.kafka.spool import FsyncPolicy, Spool, SpoolRecord
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, event_topic
 
@@ -96,7 +95,7 @@ class Emitter:
     # -- the request path: cheap and non-blocking -----------------------------------------
 
     def emit(self, event: Any) -> None:
-        """Queue a validated event (an ``ablab.streaming.events`` model) for its topic."""
+        """Queue a validated event (an ``ablab.platform.events`` model) for its topic."""
         self.emit_record(SpoolRecord(event_topic(event.type), topic_key(event), event.to_json_bytes()))
 
     def emit_record(self, record: SpoolRecord) -> None:
@@ -400,8 +399,3 @@ def emitter_from_settings(*, name: str = "default", settings: Any = None, **over
     settings = settings or get_settings()
     return Emitter(config=EmitterConfig(bootstrap=settings.kafka_bootstrap, spool_dir=settings.home / "spool" / name,
                                         client_id=f"ablab-{name}", **overrides))
-
-
-def counters_as_metrics(counters: Mapping[str, int | bool], *, prefix: str = "ablab_emitter_") -> dict[str, float]:
-    """Flat ``name → value`` for Prometheus gauges/counters (the API exports them)."""
-    return {f"{prefix}{key}": float(value) for key, value in counters.items()}

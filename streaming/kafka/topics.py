@@ -8,10 +8,10 @@ of one request in the same partition number of every topic, which keeps the trac
 joins local if the job ever runs with parallelism equal to the partitions.
 
 - ``ablab.exposure|inference|rum|feedback|cost``: validated events (JSON, schema in
-  ``ablab.streaming.events``), 3 partitions each.
+  ``ablab.platform.events``), 3 partitions each.
 - ``ablab.windows``: the Flink job's 10 s window rows (written transactionally).
 - ``ablab.deadletter``: refused inputs with their reason
-  (:func:`ablab.streaming.events.dead_letter_record`).
+  (:func:`ablab.platform.events.dead_letter_record`).
 
 Replication follows the cluster: on three or more brokers every topic gets replication
 factor 3 and ``min.insync.replicas`` 2 (one broker may die without losing an acknowledged
@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ablab.streaming.events import EVENT_TYPES
+from ablab.platform.events import EVENT_TYPES
 
 PREFIX = "ablab."
 WINDOWS_TOPIC = "ablab.windows"

@@ -1,9 +1,9 @@
 """Kafka record → ClickHouse row: pure functions, no I/O.
 
 :func:`route` decides, for one record of one topic, which table it goes to and with what
-values, or why it is refused (a :class:`~ablab.streaming.events.Rejection`, which the
+values, or why it is refused (a :class:`~ablab.platform.events.Rejection`, which the
 loader dead-letters and counts). Raw events are validated by the one schema
-(:func:`ablab.streaming.events.validate_event`); window rows written by the Flink job are
+(:func:`ablab.platform.events.validate_event`); window rows written by the Flink job are
 checked here, field by field.
 """
 
@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ablab.platform import fields
-from ablab.streaming.events import MAX_EVENT_BYTES, Rejection, validate_event
+from ablab.platform.events import MAX_EVENT_BYTES, Rejection, validate_event
 
 RAW_COLUMNS = (
     "event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id",

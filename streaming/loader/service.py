@@ -50,7 +50,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ablab.streaming.events import Rejection, dead_letter_record
+from ablab.platform.events import Rejection, dead_letter_record
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, EVENT_TOPICS, WINDOWS_TOPIC
 from ablab.streaming.loader.rows import DEFAULT_MAX_FUTURE_S, RAW_COLUMNS, TABLE_COLUMNS, Routed, route
 
@@ -472,11 +472,3 @@ class Loader:
             self._known = frozenset(self._known_experiments())
             self._known_at = now
         return self._known
-
-
-def start_in_thread(loader: Loader) -> tuple[threading.Thread, threading.Event]:
-    """Run ``loader`` in a daemon thread (the API's lifespan uses this in embedded mode)."""
-    stop = threading.Event()
-    thread = threading.Thread(target=loader.run, args=(stop,), name="ablab-loader", daemon=True)
-    thread.start()
-    return thread, stop

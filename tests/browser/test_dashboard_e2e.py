@@ -1,6 +1,8 @@
 """End to end in headless Chromium (Debian's ``chromium``, driven by Playwright):
 sign in, create an experiment through the form, see it through the API, start it, open
-its results over seeded real data; screenshots go to ``docs/screenshots/``.
+its results over seeded real data. Screenshots go to a temporary directory, or to
+``$ABLAB_SCREENSHOTS_DIR``: ``scripts/screenshots.sh`` sets it to ``docs/screenshots/`` to
+refresh the README's on purpose.
 
 Run: ``.venv/bin/python -m pytest tests/browser -m browser`` (``scripts/browser-deps.sh``
 installs chromium when it is missing).
@@ -8,7 +10,6 @@ installs chromium when it is missing).
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,24 +17,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from ablab_testing import ApiServer, start_api, stop_api
+from ablab_testing import ApiServer, start_api, stop_api, wait_http
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration]
-REPO = Path(__file__).resolve().parents[2]
-SHOTS = REPO / "docs" / "screenshots"
 CHROMIUM = Path("/usr/bin/chromium")
 DASHBOARD_PORT = 18520  # this area's port range is 18500–18599
 FORM_KEY = "int8-rollout"
 
 
 def _seed(home: Path, key: str, design: str, requests: int, units: int) -> None:
-    subprocess.run([sys.executable, "-m", "ablab.dashboards.testing", "--home", str(home), "--experiment", key,
-                    "--design", design, "--requests", str(requests), "--units", str(units),
-                    "--begin-in-s", "600"],  # results count events after the start, which comes later
-                   check=True, capture_output=True, text=True, timeout=300)
+    from ablab_testing.dashboard_seed import seed_in_child
+
+    # results count events after the experiment's start, which comes later
+    seed_in_child(home=home, experiment=key, design=design, requests=requests, units=units, begin_in_s=600)
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +40,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
         if os.environ.get("CI"):
             pytest.fail("/usr/bin/chromium is missing; .ci/run installs it with scripts/browser-deps.sh")
         pytest.skip("Debian chromium not installed (run scripts/browser-deps.sh)")
-    from ablab.dashboards.testing import experiment_body
+    from ablab_testing.dashboard_seed import experiment_body
 
     home = tmp_path_factory.mktemp("e2e-home")
     _seed(home, FORM_KEY, "pair", 8000, 2000)  # the experiment the browser will create
@@ -56,15 +54,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
                              "--api-url", api.base_url], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{DASHBOARD_PORT}"
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.5)
-        else:
-            raise RuntimeError(f"dashboard did not start:\n{(home / 'dashboard.log').read_text()}")
+        wait_http(f"{url}/_stcore/health", dash, home / "dashboard.log", timeout=90)
         yield api, url
     finally:
         dash.terminate()
@@ -74,6 +64,15 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
             dash.kill()
         log.close()
         stop_api(api)
+
+
+@pytest.fixture
+def shots(tmp_path: Path) -> Path:
+    """Where screenshots go: a temporary directory unless a refresh names one."""
+    wanted = os.environ.get("ABLAB_SCREENSHOTS_DIR")
+    directory = Path(wanted) if wanted else tmp_path / "screenshots"
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory
 
 
 @pytest.fixture
@@ -88,12 +87,17 @@ def page(stack):
         browser.close()
 
 
-def _tall_screenshot(pg, name: str, height: int) -> None:
+# Every chart on the page has drawn: a Vega view holds a canvas or an svg with a size.
+_CHARTS_DRAWN = """() => [...document.querySelectorAll('.vega-embed')].every(
+    e => [...e.querySelectorAll('canvas, svg')].some(c => c.getBoundingClientRect().width > 0))"""
+
+
+def _tall_screenshot(pg, path: Path, height: int) -> None:
     # Streamlit scrolls inside its own container, so a "full page" shot needs a tall viewport.
     pg.set_viewport_size({"width": 1400, "height": height})
-    time.sleep(3)  # let charts finish their first render
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    pg.screenshot(path=str(SHOTS / name))
+    _settle(pg)  # the resize reruns nothing, but the page may still be finishing one
+    pg.wait_for_function(_CHARTS_DRAWN, timeout=90_000)
+    pg.screenshot(path=str(path))
     pg.set_viewport_size({"width": 1400, "height": 1000})
 
 
@@ -109,7 +113,7 @@ def _click(pg, name: str) -> None:
     _settle(pg)
 
 
-def test_sign_in_create_start_and_read_results(stack, page):
+def test_sign_in_create_start_and_read_results(stack, page, shots):
     from playwright.sync_api import expect
 
     api, url = stack
@@ -119,7 +123,7 @@ def test_sign_in_create_start_and_read_results(stack, page):
     _click(pg, "Sign in")
     expect(pg.get_by_role("heading", name="Experiments")).to_be_visible()
     expect(pg.get_by_text("1 experiment", exact=True)).to_be_visible()  # the table itself is a canvas
-    _tall_screenshot(pg, "experiments.png", 900)
+    _tall_screenshot(pg, shots / "experiments.png", 900)
 
     _click(pg, "➕ New experiment")
     expect(pg.get_by_role("heading", name="New experiment")).to_be_visible()
@@ -142,7 +146,7 @@ def test_sign_in_create_start_and_read_results(stack, page):
             _settle(pg)
     _settle(pg)
     time.sleep(1)
-    _tall_screenshot(pg, "create.png", 2400)
+    _tall_screenshot(pg, shots / "create.png", 2400)
     _click(pg, "Create experiment")
     expect(pg.get_by_text("Created experiment")).to_be_visible()
 
@@ -165,13 +169,13 @@ def test_sign_in_create_start_and_read_results(stack, page):
     expect(pg.get_by_role("heading", name="Per-variant results")).to_be_visible()
     expect(pg.get_by_text("Traffic split is healthy")).to_be_visible()
     expect(pg.get_by_text("int8 vs control")).to_be_visible()
-    _tall_screenshot(pg, "results.png", 3000)
+    _tall_screenshot(pg, shots / "results.png", 3000)
 
     pg.goto(f"{url}/?page=results&exp=factorial")  # a shared link: a new session signs in, then lands there
     pg.get_by_label("API token").fill(api.tokens["viewer"])
     _click(pg, "Sign in")
     expect(pg.get_by_role("heading", name="Trade-offs and attribution")).to_be_visible()
     expect(pg.get_by_text("Factor effects and interactions")).to_be_visible()
-    _tall_screenshot(pg, "attribution.png", 4200)
+    _tall_screenshot(pg, shots / "attribution.png", 4200)
     for name in ("experiments.png", "create.png", "results.png", "attribution.png"):
-        assert (SHOTS / name).stat().st_size > 20_000, name
+        assert (shots / name).stat().st_size > 20_000, name

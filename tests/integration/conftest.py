@@ -3,6 +3,7 @@
 ``kafka_broker`` yields the bootstrap string of a real Kafka 4.x broker (KRaft). It reuses
 ``ABLAB_TEST_KAFKA_BOOTSTRAP`` when set (a broker someone else runs); otherwise it starts
 one on a free port in a temp dir, with the ablab topics created, and stops it at the end.
+``store`` is a fresh embedded ClickHouse store (chDB) with the schema applied, per test.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import os
 from collections.abc import Iterator
 
 import pytest
+
 from ablab_testing import server_ports
 
 
@@ -30,3 +32,13 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield status.bootstrap or config.bootstrap
     finally:
         stop_broker(directory=config.directory)
+
+
+@pytest.fixture
+def store(tmp_path):  # noqa: ANN001, ANN201 - a pytest path, a clickhouse-connect client
+    from ablab.streaming.store import apply_ddl, make_client
+
+    client = make_client(f"chdb:///{tmp_path / 'chdb'}")
+    apply_ddl(client)
+    yield client
+    client.close()

@@ -24,6 +24,7 @@ from ablab.platform.api.deps import Sdk, StateDep, _principal
 from ablab.platform.api.problems import responses
 from ablab.platform.api.state import AppState, Principal
 from ablab.platform.assignment import assign, assign_batch
+from ablab.platform.assignment.payload import SdkConfig
 from ablab.platform.assignment.targeting import attributes_problem
 from ablab.platform.auth import allows
 from ablab.platform.errors import Forbidden, Invalid
@@ -152,10 +153,12 @@ async def assign_units(body: BatchRequest, request: Request, _: SdkAsync) -> Res
     return _json('{"results":[' + ",".join(rows) + "]}")
 
 
-@router.get("/sdk/config", responses={304: {"description": "Not modified (If-None-Match matched)"}})
+@router.get("/sdk/config", response_model=None,
+            responses={200: {"model": SdkConfig, "description": "Everything an SDK needs to assign locally"},
+                       304: {"description": "Not modified (If-None-Match matched)"}})
 def sdk_config(
     state: StateDep, _: Sdk, response: Response, if_none_match: Annotated[str | None, Header()] = None
-) -> Any:
+) -> dict[str, Any] | Response:
     cache = state.assignments.current()
     if if_none_match is not None and if_none_match.strip() == cache.etag:
         return Response(status_code=304, headers={"ETag": cache.etag})

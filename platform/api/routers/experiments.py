@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Literal
+from collections.abc import Callable
+from functools import partial
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Header, Query, Response, status
 
 from ablab.platform.api.deps import Editor, Limit, Offset, SessionDep, StateDep, Viewer, parse_if_match
 from ablab.platform.api.problems import responses
+from ablab.platform.api.state import AppState
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed, PreconditionRequired
 from ablab.platform.registry import service
 from ablab.platform.registry.schemas import AuditRead, ExperimentCreate, ExperimentPage, ExperimentRead, ExperimentUpdate, Status
@@ -23,9 +26,9 @@ def _versioned(response: Response, exp) -> ExperimentRead:  # noqa: ANN001 - a r
     return service.to_read(exp)
 
 
-def _sync_rollup(state, exp) -> None:  # noqa: ANN001 - AppState, a registry Experiment row
+def _sync_rollup(state: AppState, exp) -> None:  # noqa: ANN001 - a registry Experiment row
     """Its SLOs to the per-unit rollup now, so results reads never write (analytics/results.py)."""
-    store = state.extras.get("analytics")
+    store = state.analytics
     if store is None:
         return
     from ablab.platform.analytics.service import sync_rollup
@@ -93,7 +96,9 @@ def update_experiment(
     return _versioned(response, exp)
 
 
-def _lifecycle(action: str):  # noqa: ANN202
+def _keyed_action(action: str, call: Callable[..., Any], doc: str) -> Callable[..., ExperimentRead]:
+    """``POST /v1/experiments/{key}/<action>``: one registry call on the experiment, If-Match optional."""
+
     def endpoint(
         key: str,
         session: SessionDep,
@@ -101,19 +106,19 @@ def _lifecycle(action: str):  # noqa: ANN202
         response: Response,
         if_match: Annotated[str | None, Header()] = None,
     ) -> ExperimentRead:
-        expected = _optional_version(if_match)
-        exp = service.transition(session, key=key, action=action, actor=principal.name, expected_version=expected)
+        exp = call(session, key=key, actor=principal.name, expected_version=_optional_version(if_match))
         return _versioned(response, exp)
 
     endpoint.__name__ = f"{action}_experiment"
-    endpoint.__doc__ = f"Lifecycle: {action} the experiment (If-Match optional)."
+    endpoint.__doc__ = doc
     return endpoint
 
 
 for _action in service.TRANSITIONS:
     router.add_api_route(
         f"/{{key}}/{_action}",
-        _lifecycle(_action),
+        _keyed_action(_action, partial(service.transition, action=_action),
+                      f"Lifecycle: {_action} the experiment (If-Match optional)."),
         methods=["POST"],
         responses=responses(NotFound, Conflict, PreconditionFailed),
     )
@@ -150,31 +155,18 @@ def resume_variant(
     return _versioned(response, exp)
 
 
-def _retire(action: str, fn):  # noqa: ANN001, ANN202 - a registry service function
-    def endpoint(
-        key: str,
-        session: SessionDep,
-        principal: Editor,
-        response: Response,
-        if_match: Annotated[str | None, Header()] = None,
-    ) -> ExperimentRead:
-        exp = fn(session, key=key, actor=principal.name, expected_version=_optional_version(if_match))
-        return _versioned(response, exp)
-
-    endpoint.__name__ = f"{action}_experiment"
-    return endpoint
-
-
 router.add_api_route(
-    "/{key}/archive", _retire("archive", service.archive_experiment), methods=["POST"],
-    responses=responses(NotFound, Conflict, PreconditionFailed),
+    "/{key}/archive",
+    _keyed_action("archive", service.archive_experiment,
+                  "Read-only from then on, out of the SDK config and of the default list (`?archived=include` "
+                  "shows it); results stay readable. Audited."),
+    methods=["POST"], responses=responses(NotFound, Conflict, PreconditionFailed),
     summary="Archive a stopped or never-started experiment",
-    description="Read-only from then on, out of the SDK config and of the default list (`?archived=include` "
-                "shows it); results stay readable. Audited.",
 )
 router.add_api_route(
-    "/{key}/unarchive", _retire("unarchive", service.unarchive_experiment), methods=["POST"],
-    responses=responses(NotFound, Conflict, PreconditionFailed), summary="Bring an archived experiment back (audited)",
+    "/{key}/unarchive", _keyed_action("unarchive", service.unarchive_experiment, "Bring an archived experiment back (audited)."),
+    methods=["POST"], responses=responses(NotFound, Conflict, PreconditionFailed),
+    summary="Bring an archived experiment back (audited)",
 )
 
 

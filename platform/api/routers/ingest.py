@@ -1,4 +1,4 @@
-"""Event ingestion: validate and forward to Kafka (``ablab.streaming.ingest`` does the work).
+"""Event ingestion: validate and forward to the event bus (the wired ``IngestPipeline`` does the work).
 
 Per-event problems never fail a batch: valid events go on, invalid ones are dead-lettered
 and listed; the whole request is refused only when it cannot be read at all. The body's
@@ -8,37 +8,50 @@ validation runs in the thread pool, so a large batch never holds the event loop.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from ablab.platform.api.deps import Sdk, StateDep
-from ablab.platform.api.problems import problem, responses
+from ablab.platform.api.ports import IngestAccepted, IngestPipeline
+from ablab.platform.api.problems import responses
 from ablab.platform.errors import AblabError, Conflict, PayloadTooLarge, RequestTimeout, Unauthorized, Unavailable
 
 router = APIRouter(prefix="/v1", tags=["ingestion"])
 
 
-def _pipeline(state: StateDep) -> Any:
-    pipeline = state.extras.get("ingest")
-    if pipeline is None:
+class IngestError(BaseModel):
+    """One refused record: where it was in the batch and the field at fault."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class IngestCounts(BaseModel):
+    """What happened to one request's records (202: valid ones are on their way)."""
+
+    accepted: int = Field(description="Records forwarded to the event bus.")
+    rejected: int = Field(description="Records refused and dead-lettered, each listed in `errors`.")
+    errors: list[IngestError] = Field(default_factory=list)
+
+
+def _pipeline(state: StateDep) -> IngestPipeline:
+    if state.ingest is None:
         raise Unavailable("event ingestion is not enabled in this API process", field="ingest")
-    return pipeline
+    return state.ingest
 
 
-async def _run(call: Any, **kwargs: Any) -> JSONResponse:
-    from ablab.streaming.ingest import IngestRejected
+Pipeline = Annotated[IngestPipeline, Depends(_pipeline)]
 
-    try:
-        result = await run_in_threadpool(lambda: call(**kwargs))
-    except IngestRejected as exc:
-        return problem(exc.status_code, _TITLES.get(exc.status_code, "Rejected"), exc.message, field=exc.field)
+
+async def _run(call: Callable[[], IngestAccepted]) -> JSONResponse:
+    result = await run_in_threadpool(call)
     return JSONResponse(result.as_dict(), status_code=202)
 
 
-_TITLES = {400: "Bad request", 401: "Unauthorized", 409: "Conflict", 413: "Payload too large"}
 _ERRORS: tuple[type[AblabError], ...] = (AblabError, PayloadTooLarge, RequestTimeout, Unavailable)
 _REF = "#/components/schemas/"
 
@@ -57,7 +70,7 @@ def _components() -> dict[str, Any]:
     """The event models' JSON Schemas as OpenAPI components, plus the label and billing record shapes."""
     import json
 
-    from ablab.streaming.events import json_schemas
+    from ablab.platform.events import json_schemas
 
     union = json.loads(json.dumps(json_schemas()["event"]).replace("#/$defs/", _REF))
     components: dict[str, Any] = union.pop("$defs")
@@ -87,51 +100,31 @@ def install_openapi(app: Any) -> None:
     app.openapi = openapi
 
 
-@router.post("/events", status_code=202, responses=responses(*_ERRORS), openapi_extra=_body("Event", "events"))
-async def post_events(request: Request, state: StateDep, _: Sdk) -> JSONResponse:
+@router.post("/events", status_code=202, response_model=IngestCounts, responses=responses(*_ERRORS),
+             openapi_extra=_body("Event", "events"))
+async def post_events(request: Request, _: Sdk, pipeline: Pipeline) -> JSONResponse:
     """A batch of events (`{"events": [...]}`, a list, or one event) → Kafka; 202 with counts."""
-    from ablab.streaming.ingest import ingest_events
-
-    pipeline = _pipeline(state)
     body = await request.body()
-    return await _run(ingest_events, body=body, sink=pipeline.emitter, stats=pipeline.stats,
-                      variants_of=pipeline.variants_of, limits=pipeline.limits)
+    return await _run(lambda: pipeline.events(body))
 
 
-@router.post("/feedback", status_code=202, responses=responses(*_ERRORS), openapi_extra=_body("Label", "labels"))
-async def post_feedback(request: Request, state: StateDep, _: Sdk) -> JSONResponse:
+@router.post("/feedback", status_code=202, response_model=IngestCounts, responses=responses(*_ERRORS),
+             openapi_extra=_body("Label", "labels"))
+async def post_feedback(request: Request, _: Sdk, pipeline: Pipeline) -> JSONResponse:
     """Labels `{trace_id, correct?, score?, source}` (one, a list, or `{"labels": [...]}`)."""
-    from ablab.streaming.ingest import ingest_feedback
-
-    pipeline = _pipeline(state)
     body = await request.body()
-    return await _run(ingest_feedback, body=body, sink=pipeline.emitter, stats=pipeline.stats,
-                      variants_of=pipeline.variants_of, limits=pipeline.limits)
+    return await _run(lambda: pipeline.feedback(body))
 
 
-@router.post("/webhooks/billing", status_code=202, responses=responses(*_ERRORS, Unauthorized, Conflict),
-             openapi_extra=_body("BillingRecord", "records"))
+@router.post("/webhooks/billing", status_code=202, response_model=IngestCounts,
+             responses=responses(*_ERRORS, Unauthorized, Conflict), openapi_extra=_body("BillingRecord", "records"))
 async def post_billing(
     request: Request,
-    state: StateDep,
+    pipeline: Pipeline,
     x_ablab_signature: Annotated[str | None, Header()] = None,
     x_ablab_timestamp: Annotated[str | None, Header()] = None,
 ) -> JSONResponse:
     """Cost records from a billing provider, authenticated by an HMAC-SHA256 signature; each
     signed delivery is accepted once (a replay answers 409)."""
-    from ablab.streaming.ingest import ingest_billing
-
-    pipeline = _pipeline(state)
     body = await request.body()
-    return await _run(
-        ingest_billing,
-        body=body,
-        signature=x_ablab_signature,
-        timestamp=x_ablab_timestamp,
-        secret=state.settings.webhook_secret.get_secret_value(),
-        sink=pipeline.emitter,
-        stats=pipeline.stats,
-        replay_guard=pipeline.replay_guard,
-        variants_of=pipeline.variants_of,
-        limits=pipeline.limits,
-    )
+    return await _run(lambda: pipeline.billing(body, signature=x_ablab_signature, timestamp=x_ablab_timestamp))

@@ -4,44 +4,44 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 
 from ablab.platform.analytics import service as analytics
-from ablab.platform.api.deps import SessionDep, StateDep, Viewer
+from ablab.platform.analytics.schemas import Attribution, Results, Timeseries
+from ablab.platform.api.deps import CurrentExperiment, SessionDep, StateDep, Viewer
+from ablab.platform.api.ports import AnalyticsBackend
 from ablab.platform.api.problems import responses
 from ablab.platform.errors import Invalid, NotFound, Unavailable
-from ablab.platform.factors import service as factors
-from ablab.platform.registry import service as registry
+from ablab.platform.registry.factors import service as factors
 
 router = APIRouter(prefix="/v1/experiments", tags=["results"])
 
 
-def _client(state: StateDep) -> Any:
-    store = state.extras.get("analytics")
-    if store is None:
+def _store(state: StateDep) -> AnalyticsBackend:
+    if state.analytics is None:
         raise Unavailable("the analytics store is not configured in this API process (ABLAB_ANALYTICS=false)", field="analytics")
-    return store.client
+    return state.analytics
 
 
-@router.get("/{key}/results", responses=responses(NotFound, Invalid, Unavailable))
-def experiment_results(key: str, session: SessionDep, state: StateDep, _: Viewer) -> dict[str, Any]:
-    exp = registry.to_read(registry.get_experiment(session, key))
-    return analytics.results(_client(state), exp)
+Store = Annotated[AnalyticsBackend, Depends(_store)]
+_ERRORS = responses(NotFound, Invalid, Unavailable)
 
 
-@router.get("/{key}/timeseries", responses=responses(NotFound, Invalid, Unavailable))
+@router.get("/{key}/results", response_model=Results, responses=_ERRORS)
+def experiment_results(_: Viewer, exp: CurrentExperiment, store: Store) -> dict[str, Any]:
+    return analytics.results(store.client, exp)
+
+
+@router.get("/{key}/timeseries", response_model=Timeseries, responses=_ERRORS)
 def experiment_timeseries(
-    key: str,
-    session: SessionDep,
-    state: StateDep,
     _: Viewer,
+    exp: CurrentExperiment,
+    store: Store,
     metric: Annotated[str, Query(max_length=64, description="e.g. e2e_ms, ttft_ms, error_rate, accuracy")] = "e2e_ms",
 ) -> dict[str, Any]:
-    exp = registry.to_read(registry.get_experiment(session, key))
-    return analytics.timeseries(_client(state), exp, metric=metric)
+    return analytics.timeseries(store.window_rows(exp.key), exp, metric=metric)
 
 
-@router.get("/{key}/attribution", responses=responses(NotFound, Invalid, Unavailable))
-def experiment_attribution(key: str, session: SessionDep, state: StateDep, _: Viewer) -> dict[str, Any]:
-    exp = factors.with_declared_defaults(session, registry.to_read(registry.get_experiment(session, key)))
-    return analytics.attribution(_client(state), exp)
+@router.get("/{key}/attribution", response_model=Attribution, responses=_ERRORS)
+def experiment_attribution(_: Viewer, exp: CurrentExperiment, store: Store, session: SessionDep) -> dict[str, Any]:
+    return analytics.attribution(store.client, factors.with_declared_defaults(session, exp))

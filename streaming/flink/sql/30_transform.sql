@@ -25,7 +25,7 @@
 -- directly bypasses it), is rejected here, before the de-duplication and the per-partition
 -- maximum of the late rule, so it can neither move a watermark nor poison a window's sums
 -- (1.7e308 squared is Infinity, which JSON cannot carry). A record without event_id (a
--- direct producer) gets the id the edge would derive (ablab.streaming.events.derive_event_id:
+-- direct producer) gets the id the edge would derive (ablab.platform.events.derive_event_id:
 -- the first 128 bits of SHA-256 over 'inference', a unit separator and the trace_id, in hex),
 -- so its redeliveries collapse here as they do in raw_events.
 CREATE TEMPORARY VIEW inference_screened AS

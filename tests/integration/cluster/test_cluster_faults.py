@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from ablab.streaming.flink.cluster_drill import run_drill
+from ablab_testing.cluster_drill import run_drill
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 

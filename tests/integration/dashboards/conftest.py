@@ -4,15 +4,12 @@ owning process per data directory, so seeding runs in its own process first)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ablab_testing import ApiServer, start_api, stop_api  # shared helpers in tests/ablab_testing.py
+from ablab_testing import ApiServer, start_api, stop_api
 
 APP = Path(__file__).resolve().parents[3] / "dashboards" / "app.py"
 SEEDED = "factorial"
@@ -20,15 +17,10 @@ SEEDED = "factorial"
 
 @pytest.fixture(scope="session")
 def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    from ablab.dashboards.testing import experiment_body
+    from ablab_testing.dashboard_seed import experiment_body, seed_in_child
 
     home = tmp_path_factory.mktemp("dash-home")
-    seeded = subprocess.run(
-        [sys.executable, "-m", "ablab.dashboards.testing", "--home", str(home), "--experiment", SEEDED,
-         "--requests", "12000", "--units", "2000"],
-        capture_output=True, text=True, timeout=300, check=True,
-    )
-    counts = json.loads(seeded.stdout.strip().splitlines()[-1])
+    counts = seed_in_child(home=home, experiment=SEEDED, requests=12000, units=2000)
     assert counts["raw_events"] > 8000 and counts["window_rows"] > 0
     server = start_api(f"sqlite:///{home / 'ablab.db'}", home,
                        {"ABLAB_ANALYTICS": "true", "ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})

@@ -6,28 +6,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-ABLAB = str(Path(sys.executable).with_name("ablab"))
+from ablab_testing import ABLAB, poll_results, wait_http  # noqa: F401 - the gateway tests import wait_http from here
 
-
-def wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 180) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{url} exited early:\n{log.read_text()[-4000:]}")
-        try:
-            if httpx.get(url, timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)  # poll interval while the process starts
-    raise RuntimeError(f"{url} did not come up:\n{log.read_text()[-4000:]}")
 
 
 def start_gateway(api, home: Path, config: str, port: int) -> subprocess.Popen:
@@ -82,17 +66,29 @@ def outbox_events(home: Path) -> list[dict]:
 
 def wait_results(api, key: str, *, requests: int, labeled_variants=("a", "b"), timeout: float = 180) -> dict:
     """`/results` once ClickHouse holds `requests` inference rows and a label per variant."""
-    deadline = time.monotonic() + timeout
-    result: dict = {}
-    with api.client("viewer") as c:
-        while time.monotonic() < deadline:
-            r = c.get(f"/v1/experiments/{key}/results")
-            if r.status_code == 200:
-                result = r.json()
-                n = {m["variant"]: m["n"] for m in result["metrics"] if m["metric"] == "accuracy"}
-                rows = sum(m["n"] for m in result["metrics"] if m["metric"] == "e2e_ms")
-                if all(n.get(v, 0) >= 1 for v in labeled_variants) and rows >= requests:
-                    return {(m["metric"], m["variant"]): m for m in result["metrics"]}
-            time.sleep(1)  # poll interval: the loader commits every few seconds
+    def complete(result: dict) -> bool:
+        n = {m["variant"]: m["n"] for m in result["metrics"] if m["metric"] == "accuracy"}
+        rows = sum(m["n"] for m in result["metrics"] if m["metric"] == "e2e_ms")
+        return all(n.get(v, 0) >= 1 for v in labeled_variants) and rows >= requests
+
+    result = poll_results(api, key, complete, timeout_s=timeout)
+    if result and complete(result):
+        return {(m["metric"], m["variant"]): m for m in result["metrics"]}
     pytest.fail(f"results never showed {requests} requests and labels: {result}\n"
                 f"API log:\n{(api.home / 'api.log').read_text(errors='replace')[-4000:]}")
+
+
+def label_and_check_results(stack: dict, key: str, *, expected: dict, events: dict, correct: str, source: str) -> None:
+    """Label every request (correct for variant ``correct``, wrong for the other) by its
+    returned trace id, then `/results` must count exactly the gateway's inference events per
+    variant, average their e2e, and give accuracy 1 to ``correct`` and 0 to the other."""
+    labels = [{"trace_id": t, "correct": int(s["variant"] == correct), "source": source} for t, s in expected.items()]
+    with stack["api"].client("sdk") as c:
+        assert c.post("/v1/feedback", json={"labels": labels}).json()["accepted"] == len(labels)
+    by = wait_results(stack["api"], key, requests=len(expected))
+    for v in "ab":
+        mine = [events[t]["e2e_ms"] for t, s in expected.items() if s["variant"] == v]
+        assert by[("e2e_ms", v)]["n"] == len(mine)
+        assert by[("e2e_ms", v)]["estimate"] == pytest.approx(sum(mine) / len(mine), rel=1e-6)  # the same rows landed
+    wrong = "a" if correct == "b" else "b"
+    assert by[("accuracy", correct)]["estimate"] == 1.0 and by[("accuracy", wrong)]["estimate"] == 0.0

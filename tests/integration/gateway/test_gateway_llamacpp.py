@@ -22,7 +22,8 @@ import httpx
 import pytest
 
 from ablab_testing import free_port, start_api, stop_api
-from conftest import create_experiment, outbox_events, pick_units, start_gateway, stop, wait_http, wait_results
+from conftest import (create_experiment, label_and_check_results, outbox_events, pick_units, start_gateway, stop,
+                      wait_http)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -117,16 +118,7 @@ def test_gateway_in_front_of_llama_cpp(stack) -> None:
             assert ev["measures"]["itl_ms_mean"] >= 0.0
 
     # Feedback by the returned trace ids: b's answers labelled correct, a's not.
-    labels = [{"trace_id": t, "correct": int(s["variant"] == "b"), "source": "judge"} for t, s in expected.items()]
-    with stack["api"].client("sdk") as c:
-        assert c.post("/v1/feedback", json={"labels": labels}).json()["accepted"] == len(labels)
-
-    by = wait_results(stack["api"], KEY, requests=len(expected))
-    for v in "ab":
-        mine = [events[t]["e2e_ms"] for t, s in expected.items() if s["variant"] == v]
-        assert by[("e2e_ms", v)]["n"] == len(mine)
-        assert by[("e2e_ms", v)]["estimate"] == pytest.approx(sum(mine) / len(mine), rel=1e-6)  # the same rows landed
-    assert by[("accuracy", "b")]["estimate"] == 1.0 and by[("accuracy", "a")]["estimate"] == 0.0
+    label_and_check_results(stack, KEY, expected=expected, events=events, correct="b", source="judge")
 
 
 def test_backend_killed_mid_stream_gives_an_error_event_and_a_healthy_gateway(stack) -> None:

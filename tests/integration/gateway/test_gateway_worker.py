@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from ablab_testing import free_port, start_api, stop_api
-from conftest import ABLAB, create_experiment, outbox_events, pick_units, start_gateway, stop, wait_http, wait_results
+from conftest import (ABLAB, create_experiment, label_and_check_results, outbox_events, pick_units, start_gateway,
+                      stop, wait_http)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 openai = pytest.importorskip("openai")
@@ -77,12 +78,4 @@ def test_gateway_in_front_of_the_in_repo_worker(stack) -> None:
         if seen["prompt"] is not None:
             assert ev["prompt_tokens"] == seen["prompt"]
 
-    labels = [{"trace_id": t, "correct": int(s["variant"] == "a"), "source": "human"} for t, s in expected.items()]
-    with stack["api"].client("sdk") as c:
-        assert c.post("/v1/feedback", json={"labels": labels}).json()["accepted"] == len(labels)
-    by = wait_results(stack["api"], KEY, requests=len(expected))
-    for v in "ab":
-        mine = [events[t]["e2e_ms"] for t, s in expected.items() if s["variant"] == v]
-        assert by[("e2e_ms", v)]["n"] == len(mine)
-        assert by[("e2e_ms", v)]["estimate"] == pytest.approx(sum(mine) / len(mine), rel=1e-6)
-    assert by[("accuracy", "a")]["estimate"] == 1.0 and by[("accuracy", "b")]["estimate"] == 0.0
+    label_and_check_results(stack, KEY, expected=expected, events=events, correct="a", source="human")

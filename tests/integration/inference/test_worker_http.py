@@ -48,7 +48,7 @@ def test_traffic_worker_labeler_round_trip(worker_url, tmp_path):
     from ablab.inference.labeler import Labeler, LabelerConfig
     from ablab.inference.serving.events import ListSink
     from ablab.inference.traffic import TrafficConfig, run_traffic
-    from ablab.streaming.events import ExposureEvent, FeedbackEvent, InferenceEvent, RumEvent, validate_event
+    from ablab.platform.events import ExposureEvent, FeedbackEvent, InferenceEvent, RumEvent, validate_event
 
     url, worker_sink = worker_url
     client_sink = ListSink()

@@ -17,7 +17,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 ROOT = Path(__file__).resolve().parents[3]
-SOURCES = ("platform", "streaming", "inference", "dashboards", "migrations", "pyproject.toml", "setup.py", "README.md")
+SOURCES = ("platform", "streaming", "inference", "dashboards", "migrations", "cli", "pyproject.toml", "setup.py", "README.md")
 HEAVY = ("torch", "pyflink", "chdb", "streamlit", "sqlalchemy", "pandas")
 
 
@@ -84,9 +84,8 @@ def test_light_gateway_serves_a_real_llm(light_venv: Path, tmp_path: Path) -> No
     import json
     import os
 
-    import httpx
     import openai
-    from ablab_testing import free_port
+    from ablab_testing import free_port, wait_http
 
     from ablab.inference import llamacpp
 
@@ -99,16 +98,7 @@ def test_light_gateway_serves_a_real_llm(light_venv: Path, tmp_path: Path) -> No
                                stdout=(tmp_path / "gateway.log").open("wb"), stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        for _ in range(600):
-            assert gateway.poll() is None, (tmp_path / "gateway.log").read_text()
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            import time
-
-            time.sleep(0.1)
+        wait_http(f"{url}/healthz", gateway, tmp_path / "gateway.log", timeout=60)
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
         messages = [{"role": "user", "content": "What is the capital of France?"}]
         raw = client.chat.completions.with_raw_response.create(model="smollm2", messages=messages, max_tokens=8)

@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from ablab_testing import closed_port, start_api
+from ablab_testing import closed_port, start_api, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -39,7 +39,9 @@ def test_sigterm_with_the_broker_down_exits_fast_and_spools_everything(tmp_path:
             response = sdk.post("/v1/events", json={"events": labels})
         assert response.status_code == 202, response.text
         assert response.json()["accepted"] == 50
-        time.sleep(4)  # the loader is now inside its bootstrap attempt against the closed port
+        # the loader has failed against the closed port once and is in its retry cycle
+        wait_for(lambda: "loader stopped" in (home / "api.log").read_text(errors="replace"), timeout_s=60,
+                 what="the in-process loader failing against the closed port")
         started = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         code = server.process.wait(timeout=60)

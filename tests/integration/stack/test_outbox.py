@@ -16,7 +16,7 @@ import httpx
 import pytest
 from ablab_testing import closed_port, start_api, stop_api
 
-from ablab.platform.stack.outbox import Forwarder, event_id_for, http_poster
+from ablab.platform.gateway.outbox import Forwarder, event_id_for, http_poster
 
 pytestmark = pytest.mark.timeout(180)
 

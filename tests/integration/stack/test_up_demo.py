@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ablab_testing import ABLAB, server_ports
+from ablab_testing import ABLAB, server_ports, wait_for
 
 import subprocess
 
@@ -98,7 +98,7 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
                     if a.status_code == 200 and a.json():
                         attribution = a.json()
                         break
-            time.sleep(5)
+            time.sleep(5)  # poll interval: window rows arrive every 10 s
         logs = tmp_path / "home" / "logs"
         tail = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log") if p.name in ("api.log", "stream.log")}
         assert _variants_with_windows(ts) >= want, f"window rows per variant missing: {json.dumps(ts)[:2000]}\n{tail}"
@@ -118,7 +118,7 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
                 labeled = {m["variant"] for m in llm.get("metrics", []) if m["metric"] == "accuracy" and m.get("n")}
                 if labeled >= llm_want:
                     break
-            time.sleep(5)
+            time.sleep(5)  # poll interval: graded labels arrive as the labeler sends them
         tail = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log") if p.name.startswith(("llm", "gateway"))}
         by_metric = {(m["metric"], m["variant"]): m for m in llm.get("metrics", [])}
         assert all(("accuracy", v) in by_metric for v in llm_want), f"demo-llm has no graded variants: {json.dumps(llm)[:2000]}\n{tail}"
@@ -130,8 +130,13 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         down = subprocess.run([ABLAB, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)
     assert down.returncode == 0, down.stdout + down.stderr
     assert pids, "up wrote no pidfiles"
-    time.sleep(1)
-    left = {name: pid for name, pid in pids.items() if _alive_group(pid)}
-    assert not left, f"process groups still alive after down: {left}"
-    busy = [p for p in ports if not _port_free(p)]
-    assert not busy, f"ports still bound after down: {busy}"
+
+
+    def leftovers() -> str:
+        left = {name: pid for name, pid in pids.items() if _alive_group(pid)}
+        busy = [p for p in ports if not _port_free(p)]
+        return f"process groups still alive: {left}; ports still bound: {busy}" if left or busy else ""
+
+    # a process that exited may take a moment to be reaped and to free its port
+    wait_for(lambda: not leftovers(), timeout_s=30, what="every process group gone and every port free after down",
+             on_timeout=leftovers)

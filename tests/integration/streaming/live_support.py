@@ -5,9 +5,7 @@ on the running stack and ordinary events. Tests wait on observable state through
 from __future__ import annotations
 
 import json
-import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -84,7 +82,7 @@ class LiveStack:
 
     def produce_direct(self, values: list[dict[str, Any] | bytes], *, topic: str = "ablab.inference") -> None:
         """A producer that bypasses the API (writes to Kafka itself)."""
-        from ablab.streaming.flink.harness import RawProducer
+        from ablab_testing.pipeline import RawProducer
 
         producer = RawProducer(self.bootstrap)
         try:
@@ -95,7 +93,7 @@ class LiveStack:
     def close_windows(self, *, after: float, partitions: int = 3) -> None:
         """Events of a second experiment at ``after`` + 15 s on every partition: the watermark
         passes every window before ``after`` (each partition must advance; none goes idle)."""
-        from ablab.streaming.flink.reference import kafka_partition
+        from ablab_testing.flink_reference import kafka_partition
 
         ts = iso(after + 15)
         seen: dict[int, str] = {}
@@ -137,17 +135,5 @@ def ordinary(experiment: str, variant: str, trace: str, *, ts: str, e2e: float =
     if event_id is not None:
         event["event_id"] = event_id
     return event
-
-
-def wait_until(predicate: Callable[[], Any], *, timeout_s: float, what: str, diagnosis: Callable[[], str] | None = None) -> Any:
-    """Poll observable state (counters, offsets, checkpoint ids) until ``predicate`` is truthy."""
-    deadline = time.monotonic() + timeout_s
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = predicate()
-        if last:
-            return last
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n" + (diagnosis() if diagnosis else ""))
 
 

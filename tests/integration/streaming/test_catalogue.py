@@ -6,14 +6,14 @@ agree with ``ablab.platform.fields``. Real chDB, every migration applied, in a s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from ablab.platform import fields
+
+from ablab_testing import run_child_json
 
 _DESCRIBE = textwrap.dedent("""
     import json, sys
@@ -40,11 +40,7 @@ def _problems(described: dict[str, dict[str, str]]) -> list[str]:
 @pytest.fixture(scope="module")
 def described(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, str]]:
     store = Path(tmp_path_factory.mktemp("catalogue")) / "store"
-    out = subprocess.run(
-        [sys.executable, "-c", _DESCRIBE, str(store), json.dumps(list(fields.clickhouse_expected()))],
-        check=True, capture_output=True, text=True, timeout=300,
-    )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return run_child_json(_DESCRIBE, str(store), json.dumps(list(fields.clickhouse_expected())), timeout=300)
 
 
 def test_every_table_agrees_with_the_catalogue(described: dict[str, dict[str, str]]) -> None:

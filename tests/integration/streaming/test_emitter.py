@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ablab.streaming.events import EVENT_TYPES, validate_event
+from ablab.platform.events import EVENT_TYPES, validate_event
 from ablab.streaming.kafka.consumer import read_topics
 from ablab.streaming.kafka.emitter import Emitter, EmitterConfig
 from ablab.streaming.kafka.topics import EVENT_TOPICS
@@ -63,7 +63,7 @@ def test_emitted_events_arrive_once_on_their_typed_topics(kafka_broker: str, tmp
 
 
 def test_dead_letters_carry_the_reason(kafka_broker: str, tmp_path: Path) -> None:
-    from ablab.streaming.events import Rejection
+    from ablab.platform.events import Rejection
     from ablab.streaming.kafka.topics import DEADLETTER_TOPIC
 
     marker = f"dl{time.time_ns()}"

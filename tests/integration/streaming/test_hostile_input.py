@@ -17,7 +17,8 @@ import uuid
 
 import pytest
 
-from live_support import iso, ordinary, wait_until
+from ablab_testing import wait_for
+from live_support import iso, ordinary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -74,21 +75,21 @@ def test_poison_records_never_stop_the_pipeline(live_stack):
     send_ordinary("p2")
 
     # The loader keeps going: everything ordinary is stored, its offsets committed to the end.
-    wait_until(lambda: stack.results(EXPERIMENT).get("metrics") and sum(
+    wait_for(lambda: stack.results(EXPERIMENT).get("metrics") and sum(
         m["n"] for m in stack.results(EXPERIMENT)["metrics"] if m["metric"] == "e2e_ms") == len(sent),
-        timeout_s=120, what="every ordinary event in /results", diagnosis=stack.diagnosis)
+        timeout_s=120, what="every ordinary event in /results", on_timeout=stack.diagnosis)
     # The Flink job rejected the direct year-9999 record (a rejected row, dead-lettered by the
     # loader from the windows topic) and a checkpoint completed after that; then the job
     # restarts from that checkpoint.
-    wait_until(stack.checkpoints, timeout_s=240, what="the job's first checkpoint", diagnosis=stack.diagnosis)
+    wait_for(stack.checkpoints, timeout_s=240, what="the job's first checkpoint", on_timeout=stack.diagnosis)
 
     def job_rejected() -> bool:
         return any(letter["source"] == "loader:ablab.windows" and direct[1]["trace_id"] in letter["raw"]
                    for letter in stack.dead_letters())
 
-    wait_until(job_rejected, timeout_s=120, what="the job's rejection of the year-9999 record", diagnosis=stack.diagnosis)
+    wait_for(job_rejected, timeout_s=120, what="the job's rejection of the year-9999 record", on_timeout=stack.diagnosis)
     checkpoint = stack.checkpoints()
-    wait_until(lambda: stack.checkpoints() > checkpoint, timeout_s=60, what="a checkpoint after the poison")
+    wait_for(lambda: stack.checkpoints() > checkpoint, timeout_s=60, what="a checkpoint after the poison")
     stack.restart_flink()
     send_ordinary("p3")
     stack.close_windows(after=time.time())
@@ -100,8 +101,8 @@ def test_poison_records_never_stop_the_pipeline(live_stack):
         points = [p for s in series for p in s["points"]]
         return series if sum(p["n"] for p in points) == len(sent) else None
 
-    series = wait_until(windows_complete, timeout_s=180, what="every ordinary event in the 10 s windows",
-                        diagnosis=stack.diagnosis)
+    series = wait_for(windows_complete, timeout_s=180, what="every ordinary event in the 10 s windows",
+                        on_timeout=stack.diagnosis)
     assert sum(p["late"] for s in series for p in s["points"]) == 0
     by_variant = {s["variant"]: sum(p["n"] for p in s["points"]) for s in series}
     assert by_variant == {v: sum(1 for e in sent if e["variant"] == v) for v in "ab"}
@@ -124,7 +125,7 @@ def test_poison_records_never_stop_the_pipeline(live_stack):
     assert metrics.get("ablab_loader_dead_lettered_records_total{field=$}", 0) >= 1
     assert metrics.get("ablab_loader_failing") == 0.0 and metrics.get("ablab_loader_failures_total") == 0.0
     assert metrics["ablab_loader_last_success_timestamp_seconds"] > time.time() - 60
-    wait_until(lambda: sum(v for k, v in stack.metrics().items() if k.startswith("ablab_loader_consumer_lag")) == 0,
+    wait_for(lambda: sum(v for k, v in stack.metrics().items() if k.startswith("ablab_loader_consumer_lag")) == 0,
                timeout_s=30, what="the loader's lag back to 0")
     ready = stack.client("viewer").get("/readyz")
     assert ready.status_code == 200, ready.text

@@ -4,16 +4,16 @@ and bad records (malformed JSON, wrong types, unknown experiment, oversized)."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from datetime import UTC, datetime
 
 import pytest
 
-from ablab.streaming.flink import reference as ref
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer
 from ablab.streaming.loader.service import Loader
-from ablab.streaming.store import apply_ddl, make_client, queries
+from ablab.streaming.store import queries
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.loading import LoaderThread, run_until_idle
+from ablab_testing.pipeline import PipelineTopics, RawProducer, group_members, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -23,30 +23,6 @@ class _CrashAfterInsert(Loader):
 
     def _commit(self) -> None:
         raise RuntimeError("simulated crash after insert, before commit")
-
-
-@pytest.fixture
-def store(tmp_path):
-    client = make_client(f"chdb:///{tmp_path / 'chdb'}")
-    apply_ddl(client)
-    yield client
-    client.close()
-
-
-def _run(loader: Loader, *, idle_exit_s: float = 8.0) -> BaseException | None:
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            loader.run(threading.Event(), idle_exit_s=idle_exit_s)
-        except BaseException as exc:  # noqa: BLE001 — the test inspects it
-            failure.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout=120)
-    assert not thread.is_alive()
-    return failure[0] if failure else None
 
 
 def test_a_loader_killed_between_insert_and_commit_loads_everything_once(kafka_broker, store):
@@ -61,12 +37,12 @@ def test_a_loader_killed_between_insert_and_commit_loads_everything_once(kafka_b
                   windows_topic=topics.windows, deadletter_topic=topics.deadletter, batch_max_records=150)
 
     crashed = _CrashAfterInsert(store, kafka_broker, **common)
-    failure = _run(crashed)
+    failure = run_until_idle(crashed)
     assert isinstance(failure, RuntimeError)
     assert sum(crashed.stats.loaded.values()) > 0  # rows reached ClickHouse, offsets did not
 
     restarted = Loader(store, kafka_broker, **common)
-    assert _run(restarted) is None
+    assert run_until_idle(restarted) is None
     # The first batch was delivered twice ...
     assert restarted.stats.consumed == len(stream.inference) + len(stream.feedback)
     # ... and counted once: one row per event_id.
@@ -104,7 +80,7 @@ def test_bad_records_are_dead_lettered_counted_and_the_loader_keeps_going(kafka_
     loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter,
                     known_experiments=lambda: {"known"})
-    assert _run(loader) is None
+    assert run_until_idle(loader) is None
     assert loader.stats.dead_lettered == {"$": 2, "e2e_ms": 1, "experiment": 1}
     assert queries.dead_letter_counts(store) == {"$": 2, "e2e_ms": 1, "experiment": 1}
     assert store.query("SELECT count() FROM raw_events FINAL").result_rows[0][0] == len(good)  # all good ones, after the bad
@@ -123,23 +99,16 @@ def test_bad_records_are_dead_lettered_counted_and_the_loader_keeps_going(kafka_
 
 def _load_until(loader: Loader, n: int, *, meanwhile=None, timeout_s: float = 90.0) -> None:  # noqa: ANN001
     """Run `loader` in a thread (doing `meanwhile()` first) until it has loaded `n` raw events or times out."""
-    stop = threading.Event()
-    thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
-    thread.start()
-    try:
+    with LoaderThread(loader):
         if meanwhile is not None:
             meanwhile()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and loader.stats.loaded["raw_events"] < n:
-            time.sleep(0.5)
-    finally:
-        stop.set()
-        thread.join(timeout=30)
+        wait_for(lambda: loader.stats.loaded["raw_events"] >= n, timeout_s=timeout_s, what=f"{n} raw events loaded",
+                 on_timeout=lambda: str(loader.stats.as_dict()))
 
 
 def test_a_loader_started_before_its_topics_exist_loads_them_once_they_do(kafka_broker, store):
-    """The CI flake: a consumer that joined its group while its topics were being created kept an
-    empty assignment for minutes. The loader must get partitions and load within seconds."""
+    """A consumer that joins its group while its topics are being created can keep an empty
+    assignment for minutes. The loader must get partitions and load within seconds."""
     topics = PipelineTopics.unique("late")
     stream = ref.canned_stream(start=datetime(2026, 3, 3, tzinfo=UTC), windows=1, per_window=30, experiment="late",
                                duplicate_rate=0.0).inference
@@ -147,7 +116,9 @@ def test_a_loader_started_before_its_topics_exist_loads_them_once_they_do(kafka_
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter)
 
     def create_and_send() -> None:
-        time.sleep(4)  # the group join happens while the topic does not exist
+        # the group join happens while the topic does not exist
+        wait_for(lambda: group_members(kafka_broker, loader.group_id) > 0, timeout_s=60,
+                 what="the loader in its consumer group")
         topics.create(bootstrap=kafka_broker)
         producer = RawProducer(kafka_broker)
         producer.send(topics.inference, stream)
@@ -185,8 +156,8 @@ def test_a_loader_whose_join_gave_no_partitions_rejoins_and_loads(kafka_broker, 
 
 def test_a_row_the_store_refuses_is_dead_lettered_alone_and_the_batch_is_stored(kafka_broker, store):
     """issue 19: a value ClickHouse cannot take (here a CHECK constraint the store enforces,
-    beside a 1.7e308 latency and a year-9999 timestamp that the loader itself refuses) used
-    to fail every batch forever. Now the batch is split around the failing rows: every
+    beside a 1.7e308 latency and a year-9999 timestamp that the loader itself refuses) must
+    not fail every batch forever. The batch is split around the failing rows: every
     ordinary event is stored, each poison row is dead-lettered with the store's reason and
     counted, offsets are committed to the end, and nothing is read twice."""
     topics = PipelineTopics.unique("poison")
@@ -204,7 +175,7 @@ def test_a_row_the_store_refuses_is_dead_lettered_alone_and_the_batch_is_stored(
 
     loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter, batch_max_records=120)
-    assert _run(loader) is None
+    assert run_until_idle(loader) is None
     assert loader.stats.consumed == sent  # nothing re-read: no batch was retried or grew
     assert loader.stats.dead_lettered == {"$store": 3, "e2e_ms": 1, "ts": 1}
     assert loader.stats.bisections > 0 and loader.stats.failures == 0

@@ -16,12 +16,12 @@ from collections import defaultdict
 from datetime import UTC, datetime
 
 import pytest
-from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
 
-from ablab.streaming.flink import reference as ref
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer, wait_for
 from ablab.streaming.loader.service import Loader
-from ablab.streaming.store import apply_ddl, make_client
+
+from ablab_testing import flink_reference as ref
+from ablab_testing.loading import LoaderThread, stop_all
+from ablab_testing.pipeline import PipelineTopics, RawProducer, group_caught_up, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -40,14 +40,6 @@ class _DiesOnCommit(Loader):
         if self._commits_left <= 0:
             raise RuntimeError("simulated crash after insert, before commit")
         super()._commit()
-
-
-@pytest.fixture
-def store(tmp_path):
-    client = make_client(f"chdb:///{tmp_path / 'chdb'}")
-    apply_ddl(client)
-    yield client
-    client.close()
 
 
 def _expected_units(stream: ref.CannedStream) -> dict[tuple[str, str], tuple[float, float, float, float]]:
@@ -74,20 +66,6 @@ def _stored_units(store) -> dict[tuple[str, str], tuple[float, float, float, flo
     return {(v, u): (req, e2e, labeled, correct) for v, u, req, e2e, labeled, correct in rows}
 
 
-def _group_caught_up(bootstrap: str, group: str, topics: tuple[str, ...]) -> bool:
-    """Every partition's committed offset is at its end: all records are stored and committed."""
-    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
-    probe = KafkaConsumer(bootstrap_servers=bootstrap)
-    try:
-        committed = admin.list_group_offsets({group: None}).get(group) or {}
-        partitions = [TopicPartition(t, p) for t in topics for p in (probe.partitions_for_topic(t) or ())]
-        ends = probe.end_offsets(partitions)
-        return all(committed.get(tp) is not None and committed[tp].offset >= end for tp, end in ends.items())
-    finally:
-        probe.close()
-        admin.close()
-
-
 @pytest.mark.parametrize("loaders", [1, 3])
 def test_loaders_in_one_group_under_a_kill_and_rebalances_load_exactly_once(kafka_broker, store, loaders):
     topics = PipelineTopics.unique(f"many{loaders}")
@@ -109,35 +87,24 @@ def test_loaders_in_one_group_under_a_kill_and_rebalances_load_exactly_once(kafk
     consumed = (topics.inference, topics.feedback)
     common = dict(group_id=group, topics=consumed, windows_topic=topics.windows, deadletter_topic=topics.deadletter,
                   batch_max_records=60)
-    stop = threading.Event()
-    failures: list[BaseException] = []
-    threads: list[threading.Thread] = []
+    running: list[LoaderThread] = []
 
     def start(loader: Loader) -> None:
-        def target() -> None:
-            try:
-                loader.run(stop)
-            except BaseException as exc:  # noqa: BLE001 - the test inspects it
-                failures.append(exc)
-
-        thread = threading.Thread(target=target, daemon=True)
-        thread.start()
-        threads.append(thread)
+        running.append(LoaderThread(loader).start())
 
     dying = _DiesOnCommit(store, kafka_broker, n=3, batch_lock=threading.RLock(), **common)
     start(dying)
     for _ in range(loaders - 1):
         start(Loader(store, kafka_broker, batch_lock=threading.RLock(), **common))
     try:
-        wait_for(lambda: bool(failures), timeout_s=180, what="the dying loader's crash")
-        assert isinstance(failures[0], RuntimeError) and sum(dying.stats.loaded.values()) > 0
+        wait_for(lambda: running[0].failure is not None, timeout_s=180, what="the dying loader's crash")
+        assert isinstance(running[0].failure, RuntimeError) and sum(dying.stats.loaded.values()) > 0
         start(Loader(store, kafka_broker, batch_lock=threading.RLock(), **common))  # its replacement joins
-        wait_for(lambda: _group_caught_up(kafka_broker, group, consumed), timeout_s=180,
+        wait_for(lambda: group_caught_up(kafka_broker, group, consumed), timeout_s=180,
                  what="committed offsets at the end of every partition")
     finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout=60)
+        stop_all(running)
+    failures = [t.failure for t in running if t.failure is not None]
     assert len(failures) == 1, failures
 
     distinct = len(ref.dedup(stream.inference))

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer
 from ablab.streaming.kafka.health import StreamJobProbe
+
+from ablab_testing.pipeline import PipelineTopics, RawProducer
 
 pytestmark = pytest.mark.integration
 

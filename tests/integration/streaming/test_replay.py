@@ -21,10 +21,9 @@ from datetime import datetime
 
 import pytest
 import yaml
-from ablab_testing import ABLAB
-from live_support import wait_until
+from ablab_testing import ABLAB, wait_for
 
-from ablab.streaming.flink import reference as ref
+from ablab_testing import flink_reference as ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -105,8 +104,8 @@ def test_a_replayed_stream_equals_the_offline_computation(live_stack, tmp_path):
                 and sum(p["n"] for p in _points(stack, "accuracy").values()) == labeled
                 and sum(p["n"] for p in _points(stack, "rum_e2e_ms").values()) == rum)
 
-    wait_until(complete, timeout_s=180, what="every request, label and RUM event in the windows",
-               diagnosis=lambda: f"{_points(stack, 'e2e_ms')}\n{stack.diagnosis()}")
+    wait_for(complete, timeout_s=180, what="every request, label and RUM event in the windows",
+               on_timeout=lambda: f"{_points(stack, 'e2e_ms')}\n{stack.diagnosis()}")
 
     e2e, ttft, cost = _points(stack, "e2e_ms"), _points(stack, "ttft_ms"), _points(stack, "cost_usd")
     accuracy, client = _points(stack, "accuracy"), _points(stack, "rum_e2e_ms")

@@ -5,7 +5,7 @@ import statistics
 
 import pytest
 
-from ablab.inference.benchmark import LoadRun, crossfit_ratio
+from ablab_testing.inference_bench import LoadRun, crossfit_ratio
 
 SLO = {"slo_ttft_ms": 100.0, "slo_tpot_ms": 10.0}
 

@@ -3,7 +3,7 @@ from datetime import UTC, datetime
 import pytest
 
 from ablab.inference import prompts, tasks
-from ablab.inference.pricing import load_price_table, parse_price_table
+from ablab.platform.pricing import load_price_table, parse_price_table
 from ablab.inference.tokenizer import build_tokenizer
 
 

@@ -323,7 +323,7 @@ def test_ignore_eos_batched_equals_unbatched(tiny_bundle):
 
 
 def test_serving_trace_targets_fit_the_context(tiny_bundle):
-    from ablab.inference import benchmark as b
+    from ablab_testing import inference_bench as b
 
     trace = b.poisson_trace(tiny_bundle, rate=200.0, duration_s=2.0, seed=1, workload="serving")
     assert len(trace) > 100

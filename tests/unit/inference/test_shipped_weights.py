@@ -38,13 +38,19 @@ def test_base_reaches_its_stated_accuracy(bundle, domain):
     assert accuracy(bundle, domain=domain, n=N) >= stated - TOLERANCE
 
 
-@pytest.mark.parametrize("domain", tasks.BASE_DOMAINS)
+# The base domains the shipped weights leave below the goal. lookup: the retrieval circuit
+# (match the query key, copy the value after it) did not form in any recipe tried; see
+# docs/benchmarks/inference.md. A retrain that moves a domain across the goal changes this.
+BELOW_GOAL = {"lookup"}
+
+
+def test_the_manifest_says_which_base_domains_miss_the_goal(bundle):
+    stated = bundle.manifest["heldout_accuracy"]
+    assert {d for d in tasks.BASE_DOMAINS if stated[d]["base"] < GOAL_BASE} == BELOW_GOAL
+
+
+@pytest.mark.parametrize("domain", [d for d in tasks.BASE_DOMAINS if d not in BELOW_GOAL])
 def test_base_reaches_the_issue_goal(bundle, domain):
-    stated = bundle.manifest["heldout_accuracy"][domain]["base"]
-    if stated < GOAL_BASE:
-        # lookup: the retrieval circuit (match the query key, copy the value after it) did
-        # not form in any recipe tried this session; see docs/benchmarks/inference.md
-        pytest.xfail(f"{domain}: shipped base states {stated:.1%} < {GOAL_BASE:.0%}")
     assert accuracy(bundle, domain=domain, n=N) >= GOAL_BASE - TOLERANCE
 
 
@@ -54,14 +60,11 @@ def test_each_adapter_beats_the_base_on_its_domain(bundle, domain):
     base = accuracy(bundle, domain=domain, n=N)
     tuned = accuracy(bundle, domain=domain, adapter=bundle.adapter_domains[domain], n=N)
     assert tuned >= stated["adapter"] - TOLERANCE
-    assert tuned > base  # every shipped adapter learned its domain
-    if stated["adapter"] - stated["base"] < 0.10:
-        # the issue's goal is +10 points; the manifest itself says this adapter misses it
-        pytest.xfail(f"{domain}: shipped adapter gains {100 * (stated['adapter'] - stated['base']):.1f} points < 10")
-    assert tuned >= base + 0.10  # the goal, measured here on held-out data
+    assert stated["adapter"] - stated["base"] >= 0.10  # the issue's goal, as the manifest states it
+    assert tuned >= base + 0.10  # and as measured here on held-out data
 
 
-# k = 192 (1/16 of d_ff): the largest k that keeps arith within the bound (session 6, calibrated:
+# k = 192 (1/16 of d_ff): the largest k that keeps arith within the bound (calibrated:
 # 1.73x at batch 1 on a quiet run, 97.9 vs 97.4 % at n = 1000; k = 128 is -2.6 points,
 # docs/benchmarks/inference.md)
 SPARSE_K = 192

@@ -5,7 +5,7 @@ import pytest
 from ablab.inference.labeler import Labeler, LabelerConfig
 from ablab.inference.serving.events import ListSink
 from ablab.inference.traffic import TrafficConfig, arrival_times, plan_requests
-from ablab.streaming.events import FeedbackEvent, validate_event
+from ablab.platform.events import FeedbackEvent, validate_event
 
 
 @pytest.mark.parametrize("pattern", ["poisson", "bursty"])

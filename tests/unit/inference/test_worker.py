@@ -8,7 +8,7 @@ from ablab.inference.serving.events import ListSink, ValidatingSink
 from ablab.inference.serving.service import InferenceService
 from ablab.inference.serving.worker import InferRequest, Worker
 from ablab.platform.strategy import FACTOR_NAMES
-from ablab.streaming.events import InferenceEvent, validate_event
+from ablab.platform.events import InferenceEvent, validate_event
 
 # one variant per factor, each away from its default, so every factor is exercised
 VARIANTS = {

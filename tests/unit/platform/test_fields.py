@@ -12,7 +12,7 @@ import pytest
 
 from ablab.platform import fields
 from ablab.platform.fields import FIELDS, mismatches
-from ablab.streaming import events
+from ablab.platform import events
 from ablab.streaming.flink import job
 from ablab.streaming.loader import rows
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from ablab.platform.factors.catalog import FactorCatalog, FactorDef
+from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef
 from ablab.platform.strategy import OpenStrategy, Strategy, content_hash, open_strategy
 
 # Computed on main at 3af97ea, before open strategies existed: every stored strategy must

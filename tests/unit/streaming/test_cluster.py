@@ -105,7 +105,7 @@ def test_flink_home_is_pyflinks_own_distribution():
 def _cli(tmp_path: Path, *args: str):
     from typer.testing import CliRunner
 
-    from ablab.platform.cli import app
+    from ablab.cli import app
 
     return CliRunner().invoke(app, list(args), env={"ABLAB_HOME": str(tmp_path)})
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from ablab.streaming.events import CostEvent, ExposureEvent, FeedbackEvent, Rejection
+from ablab.platform.events import CostEvent, ExposureEvent, FeedbackEvent, Rejection
 from ablab.streaming.ingest import (
     MAX_BATCH_EVENTS,
     MAX_BODY_BYTES,

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ablab.streaming.events import MAX_EVENT_BYTES, Rejection
+from ablab.platform.events import MAX_EVENT_BYTES, Rejection
 from ablab.streaming.loader.rows import RAW_COLUMNS, WINDOW_COLUMNS, Routed, route
 
 WINDOWS = "ablab.windows"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 
 import pytest
 
@@ -12,14 +11,8 @@ from ablab.streaming.store.ddl import split_statements
 
 
 @pytest.fixture
-def client():
-    handle = make_client("chdb://memory")
-    database = f"t_{uuid.uuid4().hex[:10]}"
-    handle.command(f"CREATE DATABASE {database}")
-    handle.database = database
-    yield handle
-    handle.command(f"DROP DATABASE {database}")
-    handle.close()
+def client(memory_db):
+    return memory_db
 
 
 def test_upgrade_creates_every_table_and_is_idempotent(client):

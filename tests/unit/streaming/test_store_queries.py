@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import json
 import math
-import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
 from ablab.streaming.loader.rows import TABLE_COLUMNS, Routed, route
-from ablab.streaming.store import apply_ddl, make_client, queries
+from ablab.streaming.store import apply_ddl, queries
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -28,15 +27,9 @@ def _inference(i: int, *, seconds: float, variant: str, unit: str, e2e: float, e
 
 
 @pytest.fixture
-def client():
-    handle = make_client("chdb://memory")
-    database = f"q_{uuid.uuid4().hex[:10]}"
-    handle.command(f"CREATE DATABASE {database}")
-    handle.database = database
-    apply_ddl(handle)
-    yield handle
-    handle.command(f"DROP DATABASE {database}")
-    handle.close()
+def client(memory_db):
+    apply_ddl(memory_db)
+    return memory_db
 
 
 def _load(client, records: list[tuple[str, dict]]) -> None:

@@ -3,11 +3,10 @@ to a real (SQLite, migrated) registry through the registry service — a new pha
 optimistic locking, an audit entry that says why — from the guardrail monitor's loop.
 Runs in a child process (chDB: one owner per data directory)."""
 
-import json
 import textwrap
 
 import pytest
-from ablab_testing import run_child
+from ablab_testing import run_child_json
 
 pytestmark = pytest.mark.integration
 
@@ -108,9 +107,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_allocator_reweights_request_experiment_through_the_registry(tmp_path):
-    out = run_child(CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db"), timeout=300)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_child_json(CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db"), timeout=300)
     assert got["p95"]["slow"] > got["sla"] > got["p95"]["better"]
 
     # first pass: the request-randomized experiment is re-weighted, the user one refused

@@ -2,11 +2,10 @@
 paused in a real (SQLite, migrated) registry, with the reason in the audit log; control and
 healthy experiments are left alone. Runs in a child process (chDB: one owner per directory)."""
 
-import json
 import textwrap
 
 import pytest
-from ablab_testing import run_child
+from ablab_testing import run_child_json
 
 pytestmark = pytest.mark.integration
 
@@ -63,9 +62,7 @@ CHILD = textwrap.dedent("""
 
 
 def test_breached_guardrail_pauses_variant_with_audit(tmp_path):
-    out = run_child(CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db"), timeout=240)
-    assert out.returncode == 0, out.stderr[-3000:]
-    got = json.loads(out.stdout.strip().splitlines()[-1])
+    got = run_child_json(CHILD, str(tmp_path / "store"), str(tmp_path / "reg.db"), timeout=240)
     assert got["p95"]["slow"] > got["sla"] > got["p95"]["control"]
     assert [(p["experiment"], p["variant"]) for p in got["first"]] == [("exp", "slow")]
     assert got["second"] == []

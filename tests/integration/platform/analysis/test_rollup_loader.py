@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import math
-import threading
 
 import pandas as pd
 import pytest
@@ -18,24 +17,19 @@ from ablab.platform.stats.spec import parse_spec
 from ablab.platform.analytics.results import aggregates_from_rollup, results_from_raw
 from ablab.platform.stats.engine import analyze
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
-from ablab.streaming.flink.harness import PipelineTopics, RawProducer
 from ablab.streaming.loader.service import Loader
-from ablab.streaming.store import apply_ddl, make_client, rollup
-from ablab.streaming.events import validate_event
-from ablab.streaming.events import Rejection
+from ablab.streaming.store import rollup
+from ablab.platform.events import validate_event
+from ablab.platform.events import Rejection
+
+from ablab_testing.loading import run_until_idle
+from ablab_testing.pipeline import PipelineTopics, RawProducer
+from ablab_testing.results import assert_same_results
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 SPEC = spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25},
                  guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.03}])
-
-
-@pytest.fixture
-def store(tmp_path):
-    client = make_client(f"chdb:///{tmp_path / 'chdb'}")
-    apply_ddl(client)
-    yield client
-    client.close()
 
 
 def _events() -> pd.DataFrame:
@@ -64,22 +58,6 @@ def _json(row: pd.Series) -> dict:
     if row["type"] == "inference":
         out.setdefault("strategy", "s")
     return out
-
-
-def _run(loader: Loader) -> BaseException | None:
-    failure: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            loader.run(threading.Event(), idle_exit_s=8.0)
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
-            failure.append(exc)
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    thread.join(timeout=150)
-    assert not thread.is_alive()
-    return failure[0] if failure else None
 
 
 def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_late_labels(kafka_broker, store, monkeypatch):
@@ -120,15 +98,15 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
         return real(*args, **kwargs)
 
     monkeypatch.setattr(rollup, "recompute_units", dies_on_third)
-    assert isinstance(_run(Loader(store, kafka_broker, **common)), Killed)
+    assert isinstance(run_until_idle(Loader(store, kafka_broker, **common)), Killed)
     monkeypatch.setattr(rollup, "recompute_units", real)
-    assert _run(Loader(store, kafka_broker, **common)) is None
+    assert run_until_idle(Loader(store, kafka_broker, **common)) is None
 
     # phase 2: the held-back requests (their labels are already loaded), then the late labels
     producer.send(topics.inference, inference[-150:])
     producer.send(topics.feedback, late_labels)
     producer.close()
-    assert _run(Loader(store, kafka_broker, **common)) is None
+    assert run_until_idle(Loader(store, kafka_broker, **common)) is None
 
     # the loader alone kept the rollup complete and current: nothing for the reader to repair
     assert rollup.ensure_fresh(store, spec.key, spec.slos) == {"slo": 0, "missing": 0}
@@ -139,11 +117,11 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
     assert sum(s.ratios["error_rate"].sum_y for s in stats.values()) == len(inference)  # requests, once each
     assert sum(s.ratios["accuracy"].sum_y for s in stats.values()) == len({r["trace_id"] for r in labels})
     for result in (from_rollup, from_raw):
-        _assert_same(result, offline)
+        assert_same_results(result, offline)
 
     # a second delivery of everything (a consumer group reset) changes nothing
     again = Loader(store, kafka_broker, **{**common, "group_id": f"{topics.prefix}-again"})
-    assert _run(again) is None
+    assert run_until_idle(again) is None
     stats2, _ = _rollup_stats(store, spec)
     assert {k: v.ratios["accuracy"].sum_x for k, v in stats2.items()} == {k: v.ratios["accuracy"].sum_x for k, v in stats.items()}
     assert {k: v.ratios["e2e_ms"].sum_x for k, v in stats2.items()} == pytest.approx(
@@ -163,17 +141,3 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
 def _rollup_stats(store, spec):
     agg = aggregates_from_rollup(store, spec)
     return agg.stats, agg.exposures
-
-
-def _assert_same(store, offline):
-    assert store["srm"]["p_value"] == pytest.approx(offline["srm"]["p_value"], rel=1e-9)
-    assert [d["decision"] for d in store["decisions"]] == [d["decision"] for d in offline["decisions"]]
-    off_rows = {(r["metric"], r["variant"]): r for r in offline["metrics"]}
-    for row in store["metrics"]:
-        ref = off_rows[(row["metric"], row["variant"])]
-        for key in ("n", "estimate", "abs_diff", "p_value"):
-            if ref[key] is None:
-                assert row[key] is None, (row["metric"], key)
-            else:
-                assert row[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-12), (row["metric"], row["variant"], key)
-        assert row["method"] == ref["method"]

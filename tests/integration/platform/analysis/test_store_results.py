@@ -5,8 +5,6 @@ chDB allows one data directory per process, so the store side runs in a child pr
 """
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pandas as pd
@@ -14,7 +12,11 @@ import pytest
 
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
-from ablab.platform.stats.synthetic import spec_dict, synthetic_events, write_events
+from ablab.platform.stats.synthetic import spec_dict, synthetic_events
+from ablab.platform.analytics.event_files import write_events
+
+from ablab_testing import run_child_json
+from ablab_testing.results import assert_same_results
 
 pytestmark = pytest.mark.integration
 
@@ -71,29 +73,9 @@ def test_store_results_equal_offline_results(tmp_path):
     spec_data = spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25},
                           guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.03}])
     (tmp_path / "spec.json").write_text(json.dumps(spec_data))
-    child = subprocess.run(
-        [sys.executable, "-c", CHILD, str(tmp_path / "chdb"), str(path), str(tmp_path / "spec.json")],
-        capture_output=True, text=True, timeout=300,
-    )
-    assert child.returncode == 0, child.stderr[-3000:]
-    both = json.loads(child.stdout.strip().splitlines()[-1])
+    both = run_child_json(CHILD, str(tmp_path / "chdb"), str(path), str(tmp_path / "spec.json"), timeout=300)
     offline, _ = analyze_events(events, parse_spec(spec_data))
-    for store in (both["raw"], both["rollup"]):
-        _assert_same(store, offline)
+    for from_store in (both["raw"], both["rollup"]):
+        assert_same_results(from_store, offline)
     assert both["writes"] == [0, 0] and both["looser_source"] == "raw" and both["current_source"] == "rollup"
-    _assert_same(both["looser"], analyze_events(events, parse_spec({**spec_data, "slos": {"ttft_ms": 400}}))[0])
-
-
-def _assert_same(store, offline):
-    assert store["srm"]["p_value"] == pytest.approx(offline["srm"]["p_value"], rel=1e-9)
-    assert [d["decision"] for d in store["decisions"]] == [d["decision"] for d in offline["decisions"]]
-    off_rows = {(r["metric"], r["variant"]): r for r in offline["metrics"]}
-    for row in store["metrics"]:
-        ref = off_rows[(row["metric"], row["variant"])]
-        for key in ("n", "estimate", "abs_diff", "p_value"):
-            if ref[key] is None:
-                assert row[key] is None, (row["metric"], key)
-            else:
-                # sums are the same numbers added in another order; histogram buckets match
-                assert row[key] == pytest.approx(ref[key], rel=1e-6, abs=1e-12), (row["metric"], row["variant"], key)
-        assert row["method"] == ref["method"]
+    assert_same_results(both["looser"], analyze_events(events, parse_spec({**spec_data, "slos": {"ttft_ms": 400}}))[0])

@@ -9,9 +9,6 @@ chDB allows one data directory per process, so the store side runs in a child pr
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -23,6 +20,8 @@ from ablab.platform.stats import unit_agg as ua
 from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import ExperimentSpec, parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
+
+from ablab_testing import run_child_json
 
 pytestmark = pytest.mark.integration
 
@@ -127,11 +126,8 @@ def test_sql_and_numpy_renderings_agree(tmp_path):
     events = make_events()
     spec = spec_under_test()
     (tmp_path / "in.pkl").write_bytes(pickle.dumps(events))
-    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "chdb"), str(tmp_path / "in.pkl"),
-                            str(Path(__file__).parent)],
-                           capture_output=True, text=True, timeout=300)
-    assert child.returncode == 0, child.stderr[-3000:]
-    store = json.loads(child.stdout.strip().splitlines()[-1])
+    store = run_child_json(CHILD, str(tmp_path / "chdb"), str(tmp_path / "in.pkl"), str(Path(__file__).parent),
+                           timeout=300)
     offline = aggregate_events(events, spec)
 
     # per-unit columns, matched by (variant, unit)

@@ -4,10 +4,8 @@ under real concurrency (two API processes on one database, and two ORM sessions)
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 
-import httpx
 import pytest
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.exc import DBAPIError
@@ -16,7 +14,7 @@ from ablab.platform.errors import PreconditionFailed
 from ablab.platform.registry import migrate, service
 from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentUpdate
-from ablab_testing import fresh_postgres_database, start_api, stop_api
+from ablab_testing import concurrent_requests, fresh_postgres_database, start_api, stop_api, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.postgres]
 
@@ -105,23 +103,9 @@ def test_concurrent_patches_over_two_api_processes(pg_url: str, tmp_path) -> Non
             assert c.post("/v1/experiments", json=experiment_body(key)).status_code == 201
             assert c.get(f"/v1/experiments/{key}").headers["etag"] == '"1"'
 
-        barrier = threading.Barrier(WRITERS)
-        statuses: list[int] = []
-        lock = threading.Lock()
-
-        def writer(i: int) -> None:
-            server = servers[i % 2]
-            with server.client("editor") as c:
-                barrier.wait()
-                r = c.patch(f"/v1/experiments/{key}", json={"traffic": round(0.1 + i / 100, 2)}, headers={"If-Match": '"1"'})
-            with lock:
-                statuses.append(r.status_code)
-
-        threads = [threading.Thread(target=writer, args=(i,)) for i in range(WRITERS)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
+        responses = concurrent_requests(servers, "editor", WRITERS, lambda c, i: c.patch(
+            f"/v1/experiments/{key}", json={"traffic": round(0.1 + i / 100, 2)}, headers={"If-Match": '"1"'}))
+        statuses = [r.status_code for r in responses]
         assert sorted(statuses) == [200] + [412] * (WRITERS - 1), statuses
 
         for server in servers:  # both processes read the same committed state
@@ -135,76 +119,81 @@ def test_concurrent_patches_over_two_api_processes(pg_url: str, tmp_path) -> Non
             stop_api(server)
 
 
-def test_two_sessions_same_version_second_flush_is_412(pg_url: str) -> None:
+@pytest.fixture
+def registry(pg_url: str):  # noqa: ANN201 - (engine, sessionmaker, key of a fresh experiment at version 1)
+    """The migrated registry on PostgreSQL with one experiment in it, seen through sessions."""
     migrate.upgrade(pg_url)
     engine = make_engine(pg_url)
     sessions = make_sessionmaker(engine)
-    key = f"sessions-{uuid.uuid4().hex[:8]}"
+    key = f"exp-{uuid.uuid4().hex[:8]}"
     try:
         with transaction(sessions) as s:
             service.create_experiment(s, data=ExperimentCreate.model_validate(experiment_body(key)), actor="test", bucket_space=10_000)
-
-        first, second = sessions(), sessions()
-        try:
-            assert service.get_experiment(first, key).version == 1
-            assert service.get_experiment(second, key).version == 1  # both read version 1
-            service.update_experiment(first, key=key, data=ExperimentUpdate(traffic=0.3), expected_version=1, actor="first")
-            first.commit()
-            # The second session's copy still says version 1, so the If-Match check passes;
-            # only the version_id_col guard (UPDATE … WHERE version = 1) can catch it.
-            with pytest.raises(PreconditionFailed) as caught:
-                service.update_experiment(second, key=key, data=ExperimentUpdate(traffic=0.7), expected_version=1, actor="second")
-            assert caught.value.status_code == 412
-            second.rollback()
-        finally:
-            first.close()
-            second.close()
-
-        with transaction(sessions) as s:
-            exp = service.get_experiment(s, key)
-            assert (exp.version, exp.traffic) == (2, 0.3)
-            actions = [(a.action, a.actor) for a in service.audit_log(s, key=key)]
-            assert sorted(actions) == [("create", "test"), ("update", "first")]
+        yield engine, sessions, key
     finally:
         engine.dispose()
 
 
-def test_writer_that_waits_on_the_row_lock_gets_412(pg_url: str) -> None:
+def test_two_sessions_same_version_second_flush_is_412(registry) -> None:
+    _, sessions, key = registry
+    first, second = sessions(), sessions()
+    try:
+        assert service.get_experiment(first, key).version == 1
+        assert service.get_experiment(second, key).version == 1  # both read version 1
+        service.update_experiment(first, key=key, data=ExperimentUpdate(traffic=0.3), expected_version=1, actor="first")
+        first.commit()
+        # The second session's copy still says version 1, so the If-Match check passes;
+        # only the version_id_col guard (UPDATE … WHERE version = 1) can catch it.
+        with pytest.raises(PreconditionFailed) as caught:
+            service.update_experiment(second, key=key, data=ExperimentUpdate(traffic=0.7), expected_version=1, actor="second")
+        assert caught.value.status_code == 412
+        second.rollback()
+    finally:
+        first.close()
+        second.close()
+
+    with transaction(sessions) as s:
+        exp = service.get_experiment(s, key)
+        assert (exp.version, exp.traffic) == (2, 0.3)
+        actions = [(a.action, a.actor) for a in service.audit_log(s, key=key)]
+        assert sorted(actions) == [("create", "test"), ("update", "first")]
+
+
+def test_writer_that_waits_on_the_row_lock_gets_412(registry) -> None:
     """The interleaving real traffic produces: the loser's UPDATE blocks until the winner commits."""
-    migrate.upgrade(pg_url)
-    engine = make_engine(pg_url)
-    sessions = make_sessionmaker(engine)
-    key = f"lockwait-{uuid.uuid4().hex[:8]}"
+    engine, sessions, key = registry
+    winner, loser = sessions(), sessions()
+    outcome: dict[str, BaseException] = {}
     try:
-        with transaction(sessions) as s:
-            service.create_experiment(s, data=ExperimentCreate.model_validate(experiment_body(key)), actor="test", bucket_space=10_000)
-        winner, loser = sessions(), sessions()
-        outcome: dict[str, BaseException] = {}
-        try:
-            service.get_experiment(winner, key)
-            service.get_experiment(loser, key)
-            # The winner's flush holds the row lock until it commits.
-            service.update_experiment(winner, key=key, data=ExperimentUpdate(traffic=0.3), expected_version=1, actor="winner")
+        service.get_experiment(winner, key)
+        service.get_experiment(loser, key)
+        # The winner's flush holds the row lock until it commits.
+        service.update_experiment(winner, key=key, data=ExperimentUpdate(traffic=0.3), expected_version=1, actor="winner")
 
-            def lose() -> None:
-                try:
-                    service.update_experiment(loser, key=key, data=ExperimentUpdate(traffic=0.7), expected_version=1, actor="loser")
-                except BaseException as exc:  # noqa: BLE001 - inspected below
-                    outcome["error"] = exc
+        def lose() -> None:
+            try:
+                service.update_experiment(loser, key=key, data=ExperimentUpdate(traffic=0.7), expected_version=1, actor="loser")
+            except BaseException as exc:  # noqa: BLE001 - inspected below
+                outcome["error"] = exc
 
-            thread = threading.Thread(target=lose)
-            thread.start()
-            time.sleep(1.0)  # let the loser's UPDATE reach the row lock
-            winner.commit()
-            thread.join(timeout=60)
-            error = outcome.get("error")
-            assert isinstance(error, PreconditionFailed), repr(error)
-            assert error.status_code == 412
-        finally:
-            loser.rollback()
-            winner.close()
-            loser.close()
-        with transaction(sessions) as s:
-            assert service.get_experiment(s, key).version == 2
+        def loser_waits_on_the_lock() -> bool:
+            with engine.connect() as probe:
+                return probe.execute(text(
+                    "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'")).scalar_one() > 0
+
+        thread = threading.Thread(target=lose)
+        thread.start()
+        wait_for(loser_waits_on_the_lock, timeout_s=60, what="the loser's UPDATE blocked on the row lock",
+                 interval_s=0.05)
+        winner.commit()
+        thread.join(timeout=60)
+        error = outcome.get("error")
+        assert isinstance(error, PreconditionFailed), repr(error)
+        assert error.status_code == 412
     finally:
-        engine.dispose()
+        loser.rollback()
+        winner.close()
+        loser.close()
+    with transaction(sessions) as s:
+        assert service.get_experiment(s, key).version == 2

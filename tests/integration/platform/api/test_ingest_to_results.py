@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from ablab_testing import start_api, stop_api
+from ablab_testing import poll_results, start_api, stop_api
 
 pytestmark = pytest.mark.integration
 
@@ -79,17 +79,8 @@ def test_events_flow_to_results_and_bad_ones_are_counted(pipeline_api) -> None:
         assert r.status_code == 202, r.text
 
     # The in-process loader brings them into chdb; results count exactly what was accepted.
-    deadline = time.monotonic() + 120
-    result: dict = {}
-    with pipeline_api.client("viewer") as c:
-        while time.monotonic() < deadline:
-            r = c.get(f"/v1/experiments/{key}/results")
-            if r.status_code == 200:
-                result = r.json()
-                n = {m["variant"]: m["n"] for m in result["metrics"] if m["metric"] == "e2e_ms"}
-                if sum(n.values()) >= 400:
-                    break
-            time.sleep(2)
+    result = poll_results(pipeline_api, key, timeout_s=120, interval_s=2.0, until=lambda doc: sum(
+        m["n"] for m in doc["metrics"] if m["metric"] == "e2e_ms") >= 400)
     n = {m["variant"]: m["n"] for m in result["metrics"] if m["metric"] == "e2e_ms"}
     assert result["experiment"] == key and result["control"] == "a"
     units = {m["variant"]: m["units"] for m in result["metrics"] if m["metric"] == "e2e_ms"}

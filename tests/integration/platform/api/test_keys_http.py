@@ -5,7 +5,6 @@ creates of one name give one 201 and 409s."""
 
 from __future__ import annotations
 
-import threading
 import time
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -13,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from ablab_testing import ApiServer
+from ablab_testing import ApiServer, concurrent_requests
 
 pytestmark = pytest.mark.integration
 
@@ -136,25 +135,9 @@ def test_concurrent_creates_of_one_name_give_one_key_and_409s(two_apis) -> None:
     a, b = two_apis
     name = f"race-{uuid.uuid4().hex[:8]}"
     writers = 8
-    barrier = threading.Barrier(writers)
-    statuses: list[int] = []
-    bodies: list[dict] = []
-    lock = threading.Lock()
-
-    def create(i: int) -> None:
-        server = (a, b)[i % 2]
-        with server.client("admin") as admin:
-            barrier.wait()
-            r = admin.post("/v1/keys", json={"name": name, "scope": "sdk"})
-        with lock:
-            statuses.append(r.status_code)
-            bodies.append(r.json())
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    responses = concurrent_requests((a, b), "admin", writers,
+                                    lambda c, i: c.post("/v1/keys", json={"name": name, "scope": "sdk"}))
+    statuses, bodies = [r.status_code for r in responses], [r.json() for r in responses]
     assert sorted(statuses) == [201] + [409] * (writers - 1), bodies
     assert all(b["field"] == "name" and "revoke it first" in b["detail"] for b in bodies if "field" in b)
     with a.client("admin") as admin:
@@ -167,20 +150,6 @@ def test_concurrent_creates_of_one_experiment_key_give_409_not_500(two_apis) -> 
     body = {"key": key, "name": key, "traffic": 1.0, "control": "a",
             "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}]}
     writers = 8
-    barrier = threading.Barrier(writers)
-    statuses: list[int] = []
-    lock = threading.Lock()
-
-    def create(i: int) -> None:
-        with (a, b)[i % 2].client("editor") as c:
-            barrier.wait()
-            r = c.post("/v1/experiments", json=body)
-        with lock:
-            statuses.append(r.status_code)
-
-    threads = [threading.Thread(target=create, args=(i,)) for i in range(writers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
+    statuses = [r.status_code for r in concurrent_requests((a, b), "editor", writers,
+                                                           lambda c, i: c.post("/v1/experiments", json=body))]
     assert sorted(statuses) == [201] + [409] * (writers - 1), statuses

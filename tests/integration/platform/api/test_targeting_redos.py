@@ -15,6 +15,8 @@ import pytest
 
 from ablab.platform.assignment.targeting import MAX_PATTERN_CHARS, MAX_VALUE_CHARS
 
+from ablab_testing import wait_for
+
 pytestmark = pytest.mark.integration
 
 CATASTROPHIC = "(a+)+$"
@@ -93,8 +95,8 @@ def test_catastrophic_pattern_runs_in_linear_time_and_healthz_stays_fast(api_ser
     latencies: list[float] = []
     try:
         with httpx.Client(base_url=api_server.base_url, timeout=30) as probe:
-            while len(answered) < 20:  # the attack is really flowing before we measure
-                time.sleep(0.05)
+            # the attack is really flowing before we measure
+            wait_for(lambda: len(answered) >= 20, timeout_s=60, what="20 answered attack requests", interval_s=0.05)
             before = len(answered)
             for _ in range(30):
                 start = time.perf_counter()
@@ -109,9 +111,10 @@ def test_catastrophic_pattern_runs_in_linear_time_and_healthz_stays_fast(api_ser
     assert during > 0, "the attack stalled while /healthz was probed"
     latencies.sort()
     figures = f"/healthz median {statistics.median(latencies) * 1e3:.1f} ms, p90 {latencies[26] * 1e3:.1f} ms, max {latencies[-1] * 1e3:.1f} ms"
-    # A stalled event loop fails every probe (backtracking would hold each for ages); a
-    # single slow probe is this shared machine descheduling a process (seen: one at
-    # 132 ms with the median at 11 ms, load average 12 on 2 cores). So: 27 of 30 probes
-    # under 100 ms, and none near a second.
-    assert latencies[26] < 0.100, figures
-    assert latencies[-1] < 1.0, figures
+    # With a backtracking engine one hostile request would hold the event loop for longer than
+    # the universe's age, so every probe would hit the client's 30 s timeout. With RE2 the probes
+    # are answered while the attack flows; how fast depends on this shared machine's load (a
+    # median of 150 ms was seen at load 39 on 2 cores), which is a benchmark's business, not a
+    # pass/fail bound. So: every probe answered, none anywhere near the timeout.
+    print(figures)
+    assert latencies[-1] < 5.0, figures

@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from ablab.platform.gateway.scripted import ScriptedBackend
-from ablab.streaming.events import validate_event
+from ablab.platform.events import validate_event
 
 from conftest import gateway_for
 

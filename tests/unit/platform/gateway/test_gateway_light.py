@@ -8,7 +8,7 @@ import sys
 
 SCRIPT = """
 import sys
-import ablab.platform.sdk, ablab.platform.gateway.app, ablab.platform.cli
+import ablab.platform.sdk, ablab.platform.gateway.app, ablab.cli
 from ablab.platform.gateway.metering import strategy_id
 from ablab.platform.gateway.emit import schema_has_measures
 from ablab.platform.gateway.rewrite import strategy_problems

@@ -93,7 +93,7 @@ def test_no_backends_says_what_to_do() -> None:
 
 def test_entropy_compression_with_the_in_repo_scorer() -> None:
     pytest.importorskip("torch")
-    from ablab.platform.gateway.compression import compress
+    from ablab.inference.compression import compress
 
     text = "Compute 12+34 and then 12+34 again, PLEASE!"
     short = compress(text, 0.9, 8)

@@ -11,7 +11,7 @@ import pytest
 from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, VariantSpec
 from ablab.platform.gateway.scripted import ScriptedBackend
 from ablab.platform.sdk import AblabClient, ListSink, current_call, instrument_openai, track, tracked
-from ablab.streaming.events import InferenceEvent, validate_event
+from ablab.platform.events import InferenceEvent, validate_event
 
 MSGS = [{"role": "user", "content": "hello"}]
 

@@ -13,7 +13,8 @@ from ablab.platform.stats.engine import analyze
 from ablab.platform.analytics.event_files import read_events
 from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import SpecError, parse_spec
-from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events, write_events
+from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
+from ablab.platform.analytics.event_files import write_events
 
 CONTRACT_METRICS = {"e2e_ms", "ttft_ms", "tpot_ms", "e2e_ms_p95", "ttft_ms_p95", "accuracy", "cost_usd",
                     "cost_per_correct", "goodput", "error_rate"}
@@ -86,7 +87,7 @@ def test_duplicates_late_labels_billing_and_malformed_rows():
 
 
 def test_cli_analyze_json_csv_and_table(tmp_path):
-    from ablab.platform.cli import app
+    from ablab.cli import app
 
     path = write_events(synthetic_events(n_requests=5_000, n_units=500, seed=3), tmp_path / "ev.jsonl")
     cfg = tmp_path / "exp.yaml"
@@ -106,7 +107,7 @@ def test_cli_analyze_json_csv_and_table(tmp_path):
 
 
 def test_cli_rejects_bad_config_naming_the_field(tmp_path):
-    from ablab.platform.cli import app
+    from ablab.cli import app
 
     cfg = tmp_path / "bad.yaml"
     cfg.write_text(yaml.safe_dump({"key": "x", "control": "nope", "variants": [{"key": "a"}, {"key": "b"}]}))

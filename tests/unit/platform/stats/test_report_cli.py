@@ -38,7 +38,7 @@ def results_server():
 
 
 def test_report_renders_results_from_the_api(results_server):
-    from ablab.platform.cli import app
+    from ablab.cli import app
 
     url, seen = results_server
     runner = CliRunner()

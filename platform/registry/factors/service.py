@@ -1,0 +1,135 @@
+"""Declared factors: declare, change, list; and the check every experiment write runs.
+
+Services flush; the caller's transaction commits (``registry.db.transaction``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from ablab.platform.errors import Conflict, Invalid, NotFound
+from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef
+from ablab.platform.registry.factors.models import DeclaredFactor
+from ablab.platform.registry.factors.schemas import FactorCreate, FactorRead, FactorUpdate
+from ablab.platform.registry.models import AuditEntry, Experiment
+from ablab.platform.strategy import OpenStrategy, open_strategy
+
+
+def _definition(row: DeclaredFactor) -> FactorDef:
+    default = (row.default or {}).get("value")
+    values = tuple(row.values) if row.values is not None else None
+    return FactorDef(row.name, row.type, "declared", values, row.min, row.max, default, row.description or "")
+
+
+def _snapshot(d: FactorDef) -> dict[str, Any]:
+    return FactorRead.of(d).model_dump(mode="json", exclude={"json_schema", "allowed", "origin", "nullable"})
+
+
+def catalog(session: Session) -> FactorCatalog:
+    """Built-in, gateway and every declared factor, as one catalog."""
+    return FactorCatalog(_definition(r) for r in session.scalars(select(DeclaredFactor)))
+
+
+def list_factors(session: Session) -> list[FactorRead]:
+    return [FactorRead.of(d) for d in catalog(session).all()]
+
+
+def get_factor(session: Session, name: str) -> FactorRead:
+    found = catalog(session).get(name)
+    if found is None:
+        raise NotFound(f"factor '{name}' is not declared; GET /v1/factors lists every factor", field="name")
+    return FactorRead.of(found)
+
+
+def _row(session: Session, name: str) -> DeclaredFactor | None:
+    return session.scalar(select(DeclaredFactor).where(DeclaredFactor.name == name))
+
+
+def _write(row: DeclaredFactor, data: FactorUpdate) -> None:
+    row.type, row.values, row.min, row.max = data.type, data.values, data.min, data.max
+    row.default = {"value": data.default} if data.default is not None else None
+    row.description = data.description
+
+
+def _audit(session: Session, *, actor: str, action: str, name: str, before: Any, after: Any) -> None:
+    session.add(AuditEntry(actor=actor, action=action, entity_type="factor", entity_key=name[:64], before=before, after=after))
+
+
+def declare_factor(session: Session, *, data: FactorCreate, actor: str) -> tuple[FactorRead, bool]:
+    """Declare a factor; the same declaration again changes nothing (returns created=False)."""
+    wanted = data.definition(data.name)
+    existing = _row(session, data.name)
+    if existing is not None:
+        if _snapshot(_definition(existing)) == _snapshot(wanted):
+            return FactorRead.of(wanted), False
+        raise Conflict(f"factor '{data.name}' is already declared differently ({_definition(existing).allowed()}); "
+                       f"change it with PUT /v1/factors/{data.name}", field="name")
+    row = DeclaredFactor(name=data.name)
+    _write(row, data)
+    session.add(row)
+    session.flush()
+    _audit(session, actor=actor, action="declare", name=data.name, before=None, after=_snapshot(wanted))
+    return FactorRead.of(wanted), True
+
+
+def update_factor(session: Session, *, name: str, data: FactorUpdate, actor: str) -> FactorRead:
+    """Replace a declaration, unless a live experiment sets a level it would no longer allow."""
+    row = _row(session, name)
+    if row is None:
+        raise NotFound(f"factor '{name}' is not declared; declare it with POST /v1/factors", field="name")
+    before = _definition(row)
+    wanted = data.definition(name)
+    current = catalog(session)
+    current.declared[name] = wanted
+    broken = []
+    for exp in session.scalars(select(Experiment).where(Experiment.status != "stopped")):
+        for v in exp.variants:
+            broken += [f"{exp.key}/{v.key}: {why}" for factor, why in current.problems(open_strategy(v.strategy)) if factor == name]
+    if broken:
+        raise Conflict(f"live experiments set levels the new definition of '{name}' refuses: " + "; ".join(broken[:5])
+                       + ("; ..." if len(broken) > 5 else "") + ". Change or stop them first", field="name")
+    _write(row, data)
+    session.flush()
+    _audit(session, actor=actor, action="update", name=name, before=_snapshot(before), after=_snapshot(wanted))
+    return FactorRead.of(wanted)
+
+
+def check_strategies(session: Session, variants: Sequence[Any] | None) -> None:
+    """Refuse a write whose strategies set an undeclared factor or a level not allowed.
+
+    ``variants`` are ``VariantIn``; the error names the variant's field (``variants.1.strategy.engine``).
+    """
+    if not variants:
+        return
+    factors = catalog(session)
+    for i, v in enumerate(variants):
+        strategy: OpenStrategy = v.strategy
+        problems = factors.problems(strategy)
+        if problems:
+            field = f"variants.{i}.strategy.{problems[0][0]}"
+            raise Invalid(f"{field}: " + "; ".join(message for _, message in problems), field=field)
+
+
+def with_declared_defaults(session: Session, exp: Any) -> Any:
+    """An ``ExperimentRead`` whose variant strategies spell out the defaults of declared
+    factors they leave out, so attribution compares levels, not spellings."""
+    defaults = catalog(session).defaults()
+    if not defaults:
+        return exp
+    variants = []
+    for v in exp.variants:
+        strategy = dict(v.strategy)
+        params = dict(strategy.get("params") or {})
+        for name, default in defaults.items():
+            if name.startswith("params."):
+                params.setdefault(name.split(".", 1)[1], default)
+            else:
+                strategy.setdefault(name, default)
+        if params:
+            strategy["params"] = params
+        variants.append(v.model_copy(update={"strategy": strategy}))
+    return exp.model_copy(update={"variants": variants})

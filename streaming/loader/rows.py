@@ -18,13 +18,8 @@ from typing import Any
 
 from ablab.platform import fields
 from ablab.platform.events import MAX_EVENT_BYTES, Rejection, validate_event
+from ablab.streaming.store.columns import RAW_COLUMNS
 
-RAW_COLUMNS = (
-    "event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id",
-    "ttft_ms", "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd",
-    "price_version", "error", "strategy", "correct", "score", "source", "payload",
-    "measures", "dims", "kafka_partition", "kafka_offset",
-)
 WINDOW_COLUMNS = fields.WINDOW_COLUMNS
 """A window row as the Flink job emits it: generated from the field catalogue."""
 LATE_COLUMNS = (

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from ablab.platform.stats.sufficient import histogram_bucket_sql
 from ablab.platform.stats.unit_agg import ALWAYS_PRESENT, FIELDS
-from ablab.streaming.loader.rows import RAW_COLUMNS
+from ablab.streaming.store.columns import RAW_COLUMNS
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client

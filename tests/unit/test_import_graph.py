@@ -66,10 +66,6 @@ PENDING = {
     # repair belong behind the AnalyticsBackend protocol (platform/api/ports.py), which
     # streaming.analytics implements. Until then platform reaches into streaming here.
     ("ablab.platform.analytics.results", "ablab.streaming.store.rollup"),
-    # streaming.store.rollup takes the raw table's column order from the loader, and the
-    # loader refreshes the rollup after each batch; the rollup's column list belongs to the
-    # store (or the repair to the loader) to break it.
-    ("ablab.streaming.store", "ablab.streaming.loader"),
 }
 
 

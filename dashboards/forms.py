@@ -77,6 +77,10 @@ def strategy_from_factors(values: Mapping[str, Any]) -> dict[str, Any]:
             nested.setdefault(head, {})[tail] = value
         else:
             nested[name] = value
+    # Batch size, window and SLOs mean nothing without a batching policy (the strategy model
+    # refuses them): a widget moved while the policy is "none" is not a choice to send.
+    if "batching" in nested and nested["batching"].get("policy", "none") == "none":
+        del nested["batching"]
     return nested
 
 

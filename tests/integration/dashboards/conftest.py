@@ -20,7 +20,9 @@ def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     from ablab_testing.dashboard_seed import experiment_body, seed_in_child
 
     home = tmp_path_factory.mktemp("dash-home")
-    counts = seed_in_child(home=home, experiment=SEEDED, requests=12000, units=2000)
+    # results count the events after the experiment's start (earlier ones are its pre-period),
+    # and the start comes after seeding: the seeded traffic begins ahead of it
+    counts = seed_in_child(home=home, experiment=SEEDED, requests=12000, units=2000, begin_in_s=600)
     assert counts["raw_events"] > 8000 and counts["window_rows"] > 0
     server = start_api(f"sqlite:///{home / 'ablab.db'}", home,
                        {"ABLAB_ANALYTICS": "true", "ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})

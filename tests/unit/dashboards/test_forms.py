@@ -29,6 +29,16 @@ def test_strategy_from_factors_keeps_only_changes_and_validates():
     assert Strategy.model_validate(nested).factors()["compression.method"] == "entropy"
 
 
+def test_batching_values_without_a_policy_are_not_sent():
+    values = dict(Strategy().factors())
+    values.update({"batching.max_batch": 9, "batching.window_ms": 7.0})  # moved while the policy is "none"
+    assert forms.strategy_from_factors(values) == {}
+    values["batching.policy"] = "fixed"
+    nested = forms.strategy_from_factors(values)
+    assert nested == {"batching": {"policy": "fixed", "max_batch": 9, "window_ms": 7.0}}
+    assert Strategy.model_validate(nested).batching.max_batch == 9
+
+
 @given(st.lists(st.integers(min_value=1, max_value=30), min_size=1, max_size=3))
 def test_weights_always_sum_to_100(leading):
     weights = forms.complete_weights(leading)

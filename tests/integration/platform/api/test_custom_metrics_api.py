@@ -8,17 +8,11 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 
 pytestmark = pytest.mark.integration
 
-CUSTOM = [
-    {"name": "judge_score", "type": "mean", "column": "score"},
-    {"name": "e2e_per_user", "type": "mean", "column": "e2e_ms", "aggregation": "unit_mean",
-     "cuped": {"covariate": "pre_period"}},
-    {"name": "cost_per_1k_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
-    {"name": "ttft_p90", "type": "quantile", "column": "ttft_ms", "quantile": 0.9},
-    {"name": "tool_calls", "type": "mean", "column": "measures.tool_calls"},
-]
+CUSTOM = CONTRACT_CUSTOM_METRICS
 
 
 def _body(key: str, metrics: dict, **extra) -> dict:

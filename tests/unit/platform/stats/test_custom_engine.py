@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 from ablab.platform.stats.aggregates import variant_stats_from_units
 from ablab.platform.stats.attribution import attribute
 from ablab.platform.stats.engine import analyze
@@ -20,13 +21,7 @@ SPEC = {
     "variants": VARIANTS,
     "metrics": {
         "primary": ["judge_score"],
-        "custom": [
-            {"name": "judge_score", "type": "mean", "column": "score"},
-            {"name": "e2e_per_user", "type": "mean", "column": "e2e_ms", "aggregation": "unit_mean", "cuped": {"covariate": "pre_period"}},
-            {"name": "cost_per_1k_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
-            {"name": "ttft_p90", "type": "quantile", "column": "ttft_ms", "quantile": 0.9},
-            {"name": "tool_calls", "type": "mean", "column": "measures.tool_calls", "lower_is_better": False},
-        ],
+        "custom": [dict(m) for m in CONTRACT_CUSTOM_METRICS],
         "report": ["e2e_ms", "accuracy"],
     },
     "guardrails": [{"metric": "cost_per_1k_out", "margin": 0.5, "relative": True}],

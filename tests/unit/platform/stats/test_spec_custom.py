@@ -2,6 +2,7 @@
 
 import pytest
 
+from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 from ablab.platform.stats.spec import SpecError, parse_spec
 
 BASE = {"key": "k", "variants": [{"key": "a"}, {"key": "b"}]}
@@ -9,13 +10,7 @@ SHAPES_EXAMPLE = {
     **BASE,
     "metrics": {
         "primary": ["judge_score"],
-        "custom": [
-            {"name": "judge_score", "type": "mean", "column": "score"},
-            {"name": "e2e_per_user", "type": "mean", "column": "e2e_ms", "aggregation": "unit_mean", "cuped": {"covariate": "pre_period"}},
-            {"name": "cost_per_1k_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
-            {"name": "ttft_p90", "type": "quantile", "column": "ttft_ms", "quantile": 0.9},
-            {"name": "tool_calls", "type": "mean", "column": "measures.tool_calls", "lower_is_better": False},
-        ],
+        "custom": [dict(m) for m in CONTRACT_CUSTOM_METRICS],
         "segments": ["dims.domain"],
     },
     "analysis": {"mde": {"judge_score": 0.02}},

@@ -4,9 +4,10 @@ Read only: nothing here writes (the rollup is kept fresh by the loader and by
 :func:`sync_rollup`, called when an experiment is created or changed and by the monitor's
 maintenance pass). Two sources of per-unit rows:
 
-- the per-unit rollup ``unit_stats`` (about one row per unit; built-in metrics only), for
-  unit-randomized experiments without custom metrics or segments whose rollup was computed
-  under the experiment's current SLOs;
+- the per-unit rollup ``unit_stats`` / ``unit_segment_stats`` (about one row per unit, and per
+  unit and segment value), when it can give every column of the plan exactly (the rule:
+  :func:`ablab.platform.stats.unit_agg.rollup_unsupported`) and is current (computed under the
+  experiment's SLOs and layout, no request before ``start``);
 - otherwise one scan of ``raw_events`` rendered from the experiment's per-unit plan
   (:mod:`ablab.platform.stats.unit_agg`, the same plan ``ablab analyze`` renders in numpy):
   per-unit rows, per-segment rows and histograms in one pass (GROUPING SETS), plus a
@@ -117,44 +118,108 @@ def aggregates_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool =
     return StoreAggregates(stats, _exposures(client, spec, final=final), segments, "raw", units, histograms)
 
 
-# --- the per-unit rollup (migrations 0006–0008, fed by the loader; ablab.streaming.store.rollup) ---
+# --- the per-unit rollup (migrations 0006–0013, fed by the loader; ablab.streaming.store.rollup) ---
 
 
 def rollup_applies(spec: ExperimentSpec) -> bool:
-    """The rollup holds the built-in columns, one row per randomization unit: not for a
-    request-randomized experiment (each request is its unit), custom metrics or segments."""
-    return not spec.request_randomized and not getattr(spec, "custom", ()) and not getattr(spec, "segments", ())
+    """The rollup can give every per-unit column of the plan exactly (the rule:
+    :func:`ablab.platform.stats.unit_agg.rollup_unsupported`)."""
+    from ablab.streaming.store.rollup import ROLLUP_SUMS
+
+    return ua.rollup_unsupported(ua.plan(spec), spec, ROLLUP_SUMS) is None
 
 
 def rollup_current(client: "Client", spec: ExperimentSpec) -> bool:
-    """True when every ``unit_stats`` row of the experiment was computed under its SLOs."""
-    from ablab.streaming.store.rollup import slo_key
+    """True when every ``unit_stats`` row of the experiment was computed under its SLOs and
+    the current rollup layout, and no request precedes ``spec.start`` (rollup sums are
+    all-time sums)."""
+    from ablab.streaming.store.rollup import ROLLUP_VERSION, slo_key
 
+    params: dict[str, Any] = {"experiment": spec.key, "key": slo_key(spec.slos)}
+    early = "0"
+    if spec.start:
+        params["start_ms"] = ua.start_ms(spec.start)
+        early = "toUnixTimestamp64Milli(min_ts) < {start_ms:Int64}"
     stale = client.query(
-        "SELECT count() FROM unit_stats FINAL WHERE experiment = {experiment:String} AND slo_key != {key:String}",
-        parameters={"experiment": spec.key, "key": slo_key(spec.slos)},
+        f"SELECT countIf(slo_key != {{key:String}} OR rollup_version < {ROLLUP_VERSION} OR ({early} AND requests > 0)) "
+        "FROM unit_stats FINAL WHERE experiment = {experiment:String}",
+        parameters=params,
     ).result_rows[0][0]
     return not stale
 
 
-def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
-    """Per-variant statistics from ``unit_stats`` (about one row per unit), read only."""
+def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, units: dict[str, np.ndarray]) -> Segments:
+    """Per-segment statistics from ``unit_segment_stats``: the top values by requests, the
+    rest folded into "(other)"; a unit with no row for a dimension is all "(none)"."""
     from ablab.streaming.store.rollup import ROLLUP_SUMS
 
-    if spec.request_randomized:
-        raise ValueError(f"experiment {spec.key!r} is request-randomized; the per-unit rollup does not apply")
-    p = {"experiment": spec.key}
+    out: Segments = {}
+    base = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
+    for dim in plan.segments:
+        p: dict[str, Any] = {**base, "dim": dim}
+        top = [str(r[0]) for r in client.query(
+            "SELECT value, sum(requests) AS c FROM unit_segment_stats FINAL WHERE experiment = {experiment:String} "
+            "AND dim = {dim:String} AND variant IN {variants:Array(String)} AND value != {none:String} "
+            f"GROUP BY value HAVING c > 0 ORDER BY c DESC, value LIMIT {ua.MAX_SEGMENT_VALUES + 1}",
+            parameters={**p, "none": ua.NONE}).result_rows]
+        fold = len(top) > ua.MAX_SEGMENT_VALUES  # else every value shows and rows need no summing
+        top = top[:ua.MAX_SEGMENT_VALUES]
+        p.update(top=top, none=ua.NONE, other=ua.OTHER)
+        # the plan's columns per row first (map lookups), then the folded values summed
+        cols = [c.name for c in plan.columns]
+        select = ua.rollup_select(plan, ROLLUP_SUMS, p)
+        rows = f"""
+            SELECT variant, unit_id, if(value = {{none:String}} OR has({{top:Array(String)}}, value), value, {{other:String}}) AS segment,
+                   {select}
+            FROM unit_segment_stats FINAL
+            WHERE experiment = {{experiment:String}} AND dim = {{dim:String}} AND variant IN {{variants:Array(String)}}
+              AND requests > 0"""
+        if fold:
+            sums = ", ".join(f"sum(`{c}`) AS `{c}`" for c in cols)
+            sql = (f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, segment, {sums} FROM ({rows}) "
+                   "GROUP BY variant, unit_id, segment")
+        else:
+            sql = f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, segment, {', '.join(f'`{c}`' for c in cols)} FROM ({rows})"
+        seg = _columns(client, sql, p)
+        # a unit whose requests never carry the dimension has no row: its whole row is "(none)"
+        rest = np.ones(units["unit_id"].size, dtype=bool)
+        for variant in np.unique(units["variant"]):
+            mine = units["variant"] == variant
+            rest[mine] = ~np.isin(units["unit_id"][mine], seg["unit_id"][seg["variant"] == variant])
+        seg = {k: np.concatenate([np.asarray(v), np.full(int(rest.sum()), ua.NONE, dtype=object) if k == "segment"
+                                  else np.asarray(units[k])[rest]]) for k, v in seg.items()}
+        ua.attach_pre(plan, seg, seg["unit_id"], None)
+        out[f"dims.{dim}"] = {
+            value: variant_stats_from_units(rows_, cuped=spec.cuped, custom=spec.custom)
+            for value, rows_ in ua.split_segments(seg).items()
+        }
+    return out
+
+
+def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
+    """Per-variant (and per-segment) statistics from ``unit_stats`` / ``unit_segment_stats``
+    (about one row per unit, and per unit and segment value), read only."""
+    from ablab.streaming.store.rollup import ROLLUP_SUMS
+
+    plan = ua.plan(spec)
+    why = ua.rollup_unsupported(plan, spec, ROLLUP_SUMS)
+    if why:
+        raise ValueError(f"experiment {spec.key!r}: the per-unit rollup cannot give {why}")
+    p: dict[str, Any] = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
     units = _columns(
         client,
-        f"SELECT toString(variant) AS variant, unit_id, {', '.join(ROLLUP_SUMS)} FROM unit_stats FINAL "
-        "WHERE experiment = {experiment:String} AND requests > 0",
+        f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, {ua.rollup_select(plan, ROLLUP_SUMS, p)} "
+        "FROM unit_stats FINAL "
+        "WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} AND requests > 0",
         p,
     )
+    ua.attach_pre(plan, units, units["unit_id"], None)  # no request precedes start (rollup_current)
     per_variant = client.query(  # histograms and time span per variant, one pass
         "SELECT toString(variant), (sumMap(e2e_buckets, e2e_counts) AS he).1, he.2, "
         "(sumMap(ttft_buckets, ttft_counts) AS ht).1, ht.2, toUnixTimestamp64Milli(min(min_ts)), "
         "toUnixTimestamp64Milli(max(max_ts)) "
-        "FROM unit_stats FINAL WHERE experiment = {experiment:String} AND requests > 0 GROUP BY variant",
+        "FROM unit_stats FINAL WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} "
+        "AND requests > 0 GROUP BY variant",
         parameters=p,
     ).result_rows
     histograms: dict[str, dict[str, HistogramStats]] = {}
@@ -166,7 +231,8 @@ def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggre
     span = (max(r[6] for r in per_variant) - min(r[5] for r in per_variant)) / 1000 if per_variant else 0.0
     durations = {v.key: span for v in spec.variants} if span > 0 else None
     stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
-    return StoreAggregates(stats, _exposures(client, spec, final=False), None, "rollup", units, histograms)
+    segments = _rollup_segments(client, spec, plan, units) if plan.segments else None
+    return StoreAggregates(stats, _exposures(client, spec, final=False), segments, "rollup", units, histograms)
 
 
 def aggregates(client: "Client", spec: ExperimentSpec) -> StoreAggregates:

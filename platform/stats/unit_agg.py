@@ -9,7 +9,9 @@ analyze`` cannot drift:
 
 - :func:`store_sql` — the ClickHouse text (values are bound parameters; a measure or
   dimension name is a parameter, never spliced into the text);
-- :func:`per_unit_numpy` / :func:`histograms_numpy` — ``np.bincount`` over request arrays.
+- :func:`per_unit_numpy` / :func:`histograms_numpy` — ``np.bincount`` over request arrays;
+- :func:`rollup_select` — the same columns read from the loader-maintained per-unit rollup,
+  for the plans :func:`rollup_unsupported` accepts (the rule, stated once, is above it).
 
 Both read a request through its *sources* (one float per request, NaN/NULL when absent):
 
@@ -451,4 +453,74 @@ def start_ms(text: str) -> int:
 def split_segments(rows: Mapping[str, np.ndarray], column: str = "segment") -> dict[str, dict[str, np.ndarray]]:
     """Per-(variant, unit, value) rows → value → that value's per-unit rows."""
     labels = np.asarray(rows[column]).astype(str)
-    return {str(v): {k: np.asarray(c)[labels == v] for k, c in rows.items() if k != column} for v in np.unique(labels)}
+    values, inverse = np.unique(labels, return_inverse=True)
+    order = np.argsort(inverse, kind="stable")  # one gather per column, then contiguous slices
+    bounds = np.searchsorted(inverse[order], np.arange(values.size + 1))
+    cols = {k: np.asarray(c)[order] for k, c in rows.items() if k != column}
+    return {str(v): {k: c[bounds[i]:bounds[i + 1]] for k, c in cols.items()} for i, v in enumerate(values)}
+
+
+# --- the rollup rendering (unit_stats / unit_segment_stats, migrations 0006–0013) -------
+#
+# The rule, in one place: the per-unit rollup keeps, per unit (and per unit and segment
+# value), the built-in columns and, for every *nullable* source (a latency or other catalogue
+# field, score, correct, measures.<name>), Σ value, the count of requests with a value, Σ value²
+# and Σ cost_usd over those requests. ``cost_usd`` and ``error`` are present on every request
+# (Σ: cost_usd_sum, errors; count: requests). So a column reads the rollup when it needs at
+# most one nullable source, except Σ of a nullable source over requests where another
+# nullable source is present (a ratio of two nullable sources, e.g. output_tokens /
+# prompt_tokens) and Σ error where a nullable source is present. Histograms of custom
+# quantile metrics are not kept, nor request-randomized experiments; in-period sums equal
+# all-time sums only when no request precedes ``spec.start`` (checked on the store). What the
+# rollup cannot give keeps the raw scan (:func:`store_sql`).
+
+ALWAYS_PRESENT = {"cost_usd": "cost_usd_sum", "error": "errors"}
+
+
+def rollup_column(col: UnitColumn, params: dict[str, Any], prefix: str = "") -> str | None:
+    """SQL for one plan column over a rollup row's columns (``prefix`` + name), or None when
+    the rollup cannot give it exactly. Map keys are bound parameters."""
+    nullable = sorted({s for s in (col.source, *col.requires) if s and s not in ALWAYS_PRESENT})
+
+    def key(source: str) -> str:
+        name = f"k{len(params)}"
+        params[name] = source
+        return f"{{{name}:String}}"
+
+    if col.op == "count":
+        if not nullable:
+            return f"{prefix}requests"
+        return f"{prefix}src_n[{key(nullable[0])}]" if len(nullable) == 1 else None
+    if col.source in ALWAYS_PRESENT:
+        if not nullable:
+            return f"{prefix}{ALWAYS_PRESENT[col.source]}"  # error² = error
+        if col.op == "sum" and col.source == "cost_usd" and len(nullable) == 1:
+            return f"{prefix}src_cost[{key(nullable[0])}]"
+        return None
+    if nullable != [col.source]:
+        return None
+    return f"{prefix}{'src_sq' if col.op == 'sumsq' else 'src_sum'}[{key(col.source)}]"
+
+
+def rollup_unsupported(p: UnitPlan, spec: Any, builtin: tuple[str, ...]) -> str | None:
+    """Why the rollup cannot serve this plan (None: it can, given no pre-``start`` requests).
+    ``builtin``: the columns the rollup stores by name."""
+    if spec.request_randomized:
+        return "request-randomized (each request is its own unit)"
+    for h in p.histograms:
+        if h.key not in HISTOGRAM_SOURCES:
+            return f"histogram of {h.key} (a quantile of a custom source)"
+    scratch: dict[str, Any] = {}
+    for c in (*p.columns, *p.pre_columns):
+        if c.name not in builtin and rollup_column(c, scratch) is None:
+            return f"column {c.name} (needs two nullable sources on the same request)"
+    return None
+
+
+def rollup_select(p: UnitPlan, builtin: tuple[str, ...], params: dict[str, Any], prefix: str = "") -> str:
+    """The plan's in-period columns over rollup rows (call after :func:`rollup_unsupported`)."""
+    out = []
+    for c in p.columns:
+        expr = f"{prefix}{c.name}" if c.name in builtin else rollup_column(c, params, prefix)
+        out.append(f"toFloat64({expr}) AS `{c.name}`")
+    return ", ".join(out)

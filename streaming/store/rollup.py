@@ -1,4 +1,12 @@
-"""The per-unit rollup (``unit_stats``, migrations 0006–0008): fed by the loader, read by results.
+"""The per-unit rollup (``unit_stats`` and ``unit_segment_stats``, migrations 0006–0013): fed by
+the loader, read by results.
+
+Besides the built-in columns, each unit row keeps, per nullable source (the catalogue
+fields, ``score``, ``correct``, ``measures.<name>``), Σ value, count, Σ value² and Σ cost_usd in
+maps keyed by the source's name, and ``unit_segment_stats`` keeps the same per (unit,
+dimension, value) for every dimension the unit's requests carry — so a new measure or
+dimension needs no code or migration. Which custom metrics the rollup can serve is stated
+once, in :mod:`ablab.platform.stats.unit_agg` (``rollup_unsupported``).
 
 Idempotence comes from recomputation, not accumulation. For each batch the loader:
 
@@ -10,7 +18,7 @@ Idempotence comes from recomputation, not accumulation. For each batch the loade
 2. finds the units the batch touched: the inference events' units, plus, for labels and
    billing records, the unit of their trace (looked up by ``trace_id`` in ``rollup_traces``;
    a label that arrives before its inference event is picked up when that event arrives);
-3. recomputes those units' ``unit_stats`` rows from ``rollup_events``/``rollup_labels`` read with
+3. recomputes those units' ``unit_stats`` and ``unit_segment_stats`` rows from ``rollup_events``/``rollup_labels`` read with
    ``FINAL`` (primary-key ranges of the touched units only) and
    inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
 
@@ -35,6 +43,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ablab.platform.stats.sufficient import histogram_bucket_sql
+from ablab.platform.stats.unit_agg import ALWAYS_PRESENT, FIELDS
 from ablab.streaming.store.columns import RAW_COLUMNS
 
 if TYPE_CHECKING:
@@ -43,12 +52,20 @@ if TYPE_CHECKING:
 SLO_COLUMNS = ("e2e_ms", "ttft_ms", "tpot_ms")
 ROLLUP_EVENT_COLUMNS = (
     "experiment", "unit_id", "event_id", "trace_id", "variant", "ts", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "is_error",
+    "prompt_tokens", "output_tokens", "device_s", "measures", "dims",
 )
-ROLLUP_TRACE_COLUMNS = ("trace_id", "type", "event_id", "ts", "experiment", "unit_id", "correct", "cost_usd")
+ROLLUP_TRACE_COLUMNS = ("trace_id", "type", "event_id", "ts", "experiment", "unit_id", "correct", "cost_usd", "score")
 ROLLUP_SUMS = (
     "requests", "errors", "e2e_ms_sum", "e2e_ms_n", "e2e_ms_sq", "ttft_ms_sum", "ttft_ms_n", "ttft_ms_sq",
     "tpot_ms_sum", "tpot_ms_n", "cost_usd_sum", "labeled", "correct", "labeled_cost_usd_sum", "good",
 )
+# Per-source maps (migration 0013): key = the source's name (ablab.platform.stats.unit_agg
+# ROLLUP_SOURCES, measures.<name>); Σ value, count present, Σ value², Σ cost_usd where present.
+ROLLUP_MAPS = ("src_sum", "src_n", "src_sq", "src_cost")
+# The layout a unit_stats row was computed under; older rows are recomputed by ensure_fresh.
+ROLLUP_VERSION = 1
+# the catalogue fields a request may lack (cost_usd is always present: its own column)
+NULLABLE_SOURCES = tuple(f for f in FIELDS if f not in ALWAYS_PRESENT)
 _I = {name: i for i, name in enumerate(RAW_COLUMNS)}
 # Chunk the unit list of one recompute so its IN-list and join stay small.
 _UNITS_PER_RECOMPUTE = 5_000
@@ -80,23 +97,30 @@ def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]
             unit_rows.append((
                 exp, unit, r[_I["event_id"]], trace, r[_I["variant"]], r[_I["ts"]],
                 r[_I["e2e_ms"]], r[_I["ttft_ms"]], r[_I["tpot_ms"]], r[_I["cost_usd"]], int(bool(error)),
+                _float(r[_I["prompt_tokens"]]), _float(r[_I["output_tokens"]]), _float(r[_I["device_s"]]),
+                r[_I["measures"]] or {}, r[_I["dims"]] or {},
             ))
             if trace:
-                fact_rows.append((trace, kind, r[_I["event_id"]], r[_I["ts"]], exp, unit, None, None))
+                fact_rows.append((trace, kind, r[_I["event_id"]], r[_I["ts"]], exp, unit, None, None, None))
             units[exp].add(unit)
         elif kind in ("feedback", "cost") and trace:
             fact_rows.append((
                 trace, kind, r[_I["event_id"]], r[_I["ts"]], "", "",
                 r[_I["correct"]] if kind == "feedback" else None, r[_I["cost_usd"]] if kind == "cost" else None,
+                r[_I["score"]] if kind == "feedback" else None,
             ))
             traces.add(trace)
     return unit_rows, fact_rows, units, traces
 
 
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
 _MATCH_SQL = """
-    INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd)
-    SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd
-    FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM rollup_traces  -- copies collapse in rollup_labels
+    INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd, score)
+    SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd, f.score
+    FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd, score FROM rollup_traces  -- copies collapse in rollup_labels
           WHERE type IN ('feedback', 'cost') AND trace_id IN {traces:Array(String)}) AS f
     INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM rollup_traces
                 WHERE type = 'inference' AND trace_id IN {traces:Array(String)}) AS p ON p.trace_id = f.trace_id
@@ -179,8 +203,27 @@ def set_slos(client: "Client", experiment: str, slos: Mapping[str, float]) -> bo
 batch_lock = threading.RLock()
 
 
-def _recompute_sql(units_given: bool) -> str:
-    where = "experiment = {experiment:String}" + (" AND unit_id IN {units:Array(String)}" if units_given else "")
+STALE_SQL = f"(slo_key != {{key:String}} OR rollup_version < {ROLLUP_VERSION})"
+
+# the unit's columns, from the per-request rows of _inner_sql (valid: what the raw scan counts)
+_SUMS_SQL = """count(),
+               toFloat64(countIf(valid)), toFloat64(countIf(valid AND is_error)),
+               sumIf(ifNull(e2e_ms, 0), valid), toFloat64(countIf(valid AND e2e_ms IS NOT NULL)),
+               sumIf(ifNull(e2e_ms, 0) * ifNull(e2e_ms, 0), valid),
+               sumIf(ifNull(ttft_ms, 0), valid), toFloat64(countIf(valid AND ttft_ms IS NOT NULL)),
+               sumIf(ifNull(ttft_ms, 0) * ifNull(ttft_ms, 0), valid),
+               sumIf(ifNull(tpot_ms, 0), valid), toFloat64(countIf(valid AND tpot_ms IS NOT NULL)),
+               sumIf(cost, valid),
+               toFloat64(countIf(valid AND has_label)), sumIf(ifNull(label, 0), valid AND has_label),
+               sumIf(cost, valid AND has_label),
+               toFloat64(countIf(valid AND good)),
+               sumMapIf(src, valid), sumMapIf(mapApply((k, v) -> (k, 1.0), src), valid),
+               sumMapIf(mapApply((k, v) -> (k, v * v), src), valid), sumMapIf(mapApply((k, v) -> (k, cost), src), valid)"""
+
+
+def _inner_sql(where: str, *, segments: bool) -> str:
+    """One row per loaded request of the units: its sources (``src``: present nullable
+    sources by name, measures as ``measures.<name>``), validity, ``good`` and cost."""
     valid = "((e.e2e_ms IS NULL OR e.e2e_ms >= 0) AND (e.ttft_ms IS NULL OR e.ttft_ms >= 0))"
     good = (
         "(e.is_error = 0"
@@ -189,57 +232,82 @@ def _recompute_sql(units_given: bool) -> str:
         # one output token: no TPOT, cannot break its SLO (as in the raw scan)
         " AND (isNull({slo_tpot_ms:Nullable(Float64)}) OR e.tpot_ms IS NULL OR e.tpot_ms <= {slo_tpot_ms:Nullable(Float64)}))"
     )
+    names = [*NULLABLE_SOURCES, "score", "correct"]
+    values = [f"toFloat64(ifNull(e.{c}, nan))" for c in NULLABLE_SOURCES] + ["ifNull(l.score, nan)", "ifNull(l.label, nan)"]
+    src = (
+        "mapFilter((k, v) -> NOT isNaN(v), mapFromArrays("
+        f"arrayConcat([{', '.join(repr(n) for n in names)}], arrayMap(k -> concat('measures.', k), mapKeys(e.measures))), "
+        f"arrayConcat([{', '.join(values)}], mapValues(e.measures))))"
+    )
+    seg = (", e.dims AS dims, groupUniqArrayArray(mapKeys(e.dims)) OVER (PARTITION BY e.unit_id) AS unit_dims"
+           if segments else "")
     return f"""
-        INSERT INTO unit_stats (experiment, variant, unit_id, events, {', '.join(ROLLUP_SUMS)},
-                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, computed_at)
-        SELECT {{experiment:String}}, variant, unit_id, count(),
-               toFloat64(countIf(valid)), toFloat64(countIf(valid AND is_error)),
-               sumIf(ifNull(e2e_ms, 0), valid), toFloat64(countIf(valid AND e2e_ms IS NOT NULL)),
-               sumIf(ifNull(e2e_ms, 0) * ifNull(e2e_ms, 0), valid),
-               sumIf(ifNull(ttft_ms, 0), valid), toFloat64(countIf(valid AND ttft_ms IS NOT NULL)),
-               sumIf(ifNull(ttft_ms, 0) * ifNull(ttft_ms, 0), valid),
-               sumIf(ifNull(tpot_ms, 0), valid), toFloat64(countIf(valid AND tpot_ms IS NOT NULL)),
-               sumIf(cost, valid),
-               toFloat64(countIf(valid AND has_label)), sumIf(label, valid AND has_label), sumIf(cost, valid AND has_label),
-               toFloat64(countIf(valid AND good)),
-               (sumMapIf([hb_e2e], [toUInt64(e2e_ms IS NOT NULL)], valid) AS h_e2e).1, h_e2e.2,
-               (sumMapIf([hb_ttft], [toUInt64(ttft_ms IS NOT NULL)], valid) AS h_ttft).1, h_ttft.2,
-               if(countIf(valid) > 0, minIf(ts, valid), min(ts)), if(countIf(valid) > 0, maxIf(ts, valid), max(ts)),
-               {{slo_key:String}}, now64(6)
-        FROM (
             SELECT toString(e.variant) AS variant, e.unit_id AS unit_id, e.ts AS ts,
                    e.e2e_ms AS e2e_ms, e.ttft_ms AS ttft_ms, e.tpot_ms AS tpot_ms,
                    {valid} AS valid, e.is_error = 1 AS is_error, {good} AS good,
                    toFloat64(ifNull(if(b.has = 1, b.billed, e.cost_usd), 0)) AS cost,
-                   l.has = 1 AS has_label, l.label AS label,
+                   l.label IS NOT NULL AS has_label, l.label AS label,
+                   {src} AS src,
                    toUInt16({histogram_bucket_sql("ifNull(e.e2e_ms, -1)")}) AS hb_e2e,
-                   toUInt16({histogram_bucket_sql("ifNull(e.ttft_ms, -1)")}) AS hb_ttft
+                   toUInt16({histogram_bucket_sql("ifNull(e.ttft_ms, -1)")}) AS hb_ttft{seg}
             FROM (SELECT * FROM rollup_events FINAL WHERE {where}) AS e
             LEFT JOIN (
                 SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM rollup_labels FINAL
                 WHERE {where} AND type = 'cost' AND cost_usd IS NOT NULL GROUP BY trace_id
             ) AS b ON b.trace_id = e.trace_id
-            LEFT JOIN (
-                SELECT trace_id, toFloat64(ifNull(argMax(correct, ts), 0)) AS label, toUInt8(1) AS has FROM rollup_labels FINAL
-                WHERE {where} AND type = 'feedback' AND correct IS NOT NULL GROUP BY trace_id
-            ) AS l ON l.trace_id = e.trace_id
-        )
+            LEFT JOIN (  -- the latest label carrying each field (by event time), as the raw scan takes it
+                SELECT trace_id,
+                       if(countIf(correct IS NOT NULL) > 0, toFloat64(argMaxIf(assumeNotNull(correct), ts, correct IS NOT NULL)), NULL) AS label,
+                       if(countIf(score IS NOT NULL) > 0, argMaxIf(assumeNotNull(score), ts, score IS NOT NULL), NULL) AS score
+                FROM rollup_labels FINAL
+                WHERE {where} AND type = 'feedback' GROUP BY trace_id
+            ) AS l ON l.trace_id = e.trace_id"""
+
+
+def _recompute_sql(units_given: bool) -> tuple[str, str]:
+    """(the unit_stats insert, the unit_segment_stats insert) of the units."""
+    where = "experiment = {experiment:String}" + (" AND unit_id IN {units:Array(String)}" if units_given else "")
+    cols = f"{', '.join(ROLLUP_SUMS)}, {', '.join(ROLLUP_MAPS)}"
+    units = f"""
+        INSERT INTO unit_stats (experiment, variant, unit_id, events, {cols},
+                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
+        SELECT {{experiment:String}}, variant, unit_id, {_SUMS_SQL},
+               (sumMapIf([hb_e2e], [toUInt64(e2e_ms IS NOT NULL)], valid) AS h_e2e).1, h_e2e.2,
+               (sumMapIf([hb_ttft], [toUInt64(ttft_ms IS NOT NULL)], valid) AS h_ttft).1, h_ttft.2,
+               if(countIf(valid) > 0, minIf(ts, valid), min(ts)), if(countIf(valid) > 0, maxIf(ts, valid), max(ts)),
+               {{slo_key:String}}, {ROLLUP_VERSION}, now64(6)
+        FROM ({_inner_sql(where, segments=False)})
         GROUP BY variant, unit_id
         SETTINGS join_use_nulls = 0
     """
+    # each request counts under each dimension its unit's requests carry: its own value, or "(none)"
+    segments = f"""
+        INSERT INTO unit_segment_stats (experiment, dim, value, variant, unit_id, events, {cols}, slo_key, computed_at)
+        SELECT {{experiment:String}}, dv.1, dv.2, variant, unit_id, {_SUMS_SQL}, {{slo_key:String}}, now64(6)
+        FROM ({_inner_sql(where, segments=True)})
+        ARRAY JOIN arrayConcat(arrayZip(mapKeys(dims), mapValues(dims)),
+                               arrayMap(k -> (k, '(none)'), arrayFilter(k -> NOT mapContains(dims, k), unit_dims))) AS dv
+        GROUP BY dv, variant, unit_id
+        SETTINGS join_use_nulls = 0
+    """
+    return units, segments
 
 
 def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:
-    """Rewrite the ``unit_stats`` rows of ``units`` (None: every unit of the experiment) from
-    ``rollup_events``/``rollup_traces`` under the experiment's current SLOs."""
+    """Rewrite the ``unit_stats`` and ``unit_segment_stats`` rows of ``units`` (None: every
+    unit of the experiment) from ``rollup_events``/``rollup_labels`` under the experiment's
+    current SLOs."""
     key, bounds = current_slos(client, experiment)
     params: dict[str, Any] = {"experiment": experiment, "slo_key": key, **{f"slo_{c}": b for c, b in bounds.items()}}
     with batch_lock:  # one recompute at a time: the newest computed_at saw the most events
         if units is None:
-            client.command(_recompute_sql(False), parameters=params)
+            for sql in _recompute_sql(False):
+                client.command(sql, parameters=params)
             return
+        statements = _recompute_sql(True)
         for i in range(0, len(units), _UNITS_PER_RECOMPUTE):
-            client.command(_recompute_sql(True), parameters={**params, "units": list(units[i:i + _UNITS_PER_RECOMPUTE])})
+            for sql in statements:
+                client.command(sql, parameters={**params, "units": list(units[i:i + _UNITS_PER_RECOMPUTE])})
 
 
 def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
@@ -249,9 +317,11 @@ def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
     exp = " AND experiment = {experiment:String}" if experiment is not None else ""
     params = {"experiment": experiment} if experiment is not None else {}
     client.command(
-        "INSERT INTO rollup_events (experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, is_error) "
+        "INSERT INTO rollup_events (experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, is_error, "
+        "prompt_tokens, output_tokens, device_s, measures, dims) "
         "SELECT experiment, unit_id, event_id, trace_id, variant, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, "
-        f"toUInt8(error IS NOT NULL AND error != '') FROM raw_events FINAL WHERE type = 'inference'{exp}",
+        "toUInt8(error IS NOT NULL AND error != ''), prompt_tokens, output_tokens, device_s, measures, dims "
+        f"FROM raw_events FINAL WHERE type = 'inference'{exp}",
         parameters=params,
     )
     traces = (
@@ -260,17 +330,17 @@ def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
         if experiment is not None else "type IN ('inference', 'feedback', 'cost')"
     )
     client.command(
-        "INSERT INTO rollup_traces (trace_id, type, event_id, ts, experiment, unit_id, correct, cost_usd) "
+        "INSERT INTO rollup_traces (trace_id, type, event_id, ts, experiment, unit_id, correct, cost_usd, score) "
         "SELECT trace_id, type, event_id, ts, if(type = 'inference', experiment, ''), if(type = 'inference', unit_id, ''), "
-        "if(type = 'feedback', correct, NULL), if(type = 'cost', cost_usd, NULL) "
+        "if(type = 'feedback', correct, NULL), if(type = 'cost', cost_usd, NULL), if(type = 'feedback', score, NULL) "
         f"FROM raw_events FINAL WHERE {traces} AND trace_id != ''",
         parameters=params,
     )
     pointers = "type = 'inference'" + exp
     client.command(
-        "INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd) "
-        "SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd "
-        "FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd FROM rollup_traces FINAL "
+        "INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd, score) "
+        "SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd, f.score "
+        "FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd, score FROM rollup_traces FINAL "
         "      WHERE type IN ('feedback', 'cost')) AS f "
         f"INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM rollup_traces WHERE {pointers}) AS p "
         "ON p.trace_id = f.trace_id",
@@ -303,11 +373,11 @@ def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) 
     repaired = {"slo": 0, "missing": 0}
     p = {"experiment": experiment, "key": key}
     counted, n_stale = client.query(
-        "SELECT sum(events), countIf(slo_key != {key:String}) FROM unit_stats FINAL WHERE experiment = {experiment:String}",
+        f"SELECT sum(events), countIf({STALE_SQL}) FROM unit_stats FINAL WHERE experiment = {{experiment:String}}",
         parameters=p).result_rows[0]
     if n_stale:
         stale = [r[0] for r in client.query(
-            "SELECT unit_id FROM unit_stats FINAL WHERE experiment = {experiment:String} AND slo_key != {key:String}",
+            f"SELECT unit_id FROM unit_stats FINAL WHERE experiment = {{experiment:String}} AND {STALE_SQL}",
             parameters=p).result_rows]
         recompute_units(client, experiment, sorted(set(stale)))
         repaired["slo"] = len(set(stale))

@@ -26,9 +26,10 @@ EXPERIMENT = "hostile"
 
 
 def _phase(tag: str, count: int) -> list[dict]:
-    """``count`` ordinary events stamped now, in time order (nothing late by construction)."""
+    """``count`` ordinary events stamped from now on, in time order (nothing late by
+    construction, nothing before the experiment's start, from which results count)."""
     now = time.time()
-    return [ordinary(EXPERIMENT, "ab"[i % 2], f"{tag}-{uuid.uuid4().hex[:10]}", ts=iso(now - 1 + i * 0.01),
+    return [ordinary(EXPERIMENT, "ab"[i % 2], f"{tag}-{uuid.uuid4().hex[:10]}", ts=iso(now + i * 0.001),
                      e2e=100.0 + (i % 13) * 7 + (25 if i % 2 else 0)) for i in range(count)]
 
 

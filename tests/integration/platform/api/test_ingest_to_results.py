@@ -49,7 +49,7 @@ def test_events_flow_to_results_and_bad_ones_are_counted(pipeline_api) -> None:
         }).raise_for_status()
         c.post(f"/v1/experiments/{key}/start").raise_for_status()
     now = datetime.now(UTC)
-    good = [inference(key, "ab"[i % 2], f"u{i % 40}", 100 + (i % 7) * 10 + (30 if i % 2 else 0), now - timedelta(seconds=i % 60)) for i in range(400)]
+    good = [inference(key, "ab"[i % 2], f"u{i % 40}", 100 + (i % 7) * 10 + (30 if i % 2 else 0), now + timedelta(milliseconds=i)) for i in range(400)]  # after the start: results count from it
     wrong_type = {**good[0], "e2e_ms": "fast", "trace_id": "t-bad"}
     unknown = {**good[1], "experiment": "no-such-experiment", "trace_id": "t-unknown"}
     with pipeline_api.client("sdk") as c:

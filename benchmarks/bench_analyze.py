@@ -142,7 +142,8 @@ def _loader_batch(n: int, units: int, seed: int) -> list[tuple]:
 
 
 def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None:
-    from ablab.platform.analytics.results import results, results_from_raw, sync_rollup
+    from ablab.platform.analytics.results import results, results_from_raw
+    from ablab.streaming.store.rollup import sync as sync_rollup
     from ablab.streaming.loader.rows import RAW_COLUMNS
     from ablab.streaming.store import apply_ddl, make_client, rollup
 
@@ -211,7 +212,8 @@ def bench_custom(client, total: int, repeat: int) -> None:
     """Results with three custom metrics and a 5-value segment breakdown: from the per-unit
     rollup (``unit_stats`` + ``unit_segment_stats``, what ``GET …/results`` reads), then the raw
     scan of the one per-unit plan side by side."""
-    from ablab.platform.analytics.results import _analyze, aggregates, aggregates_from_raw, sync_rollup
+    from ablab.platform.analytics.results import _analyze, aggregates, aggregates_from_raw
+    from ablab.streaming.store.rollup import sync as sync_rollup
 
     spec = parse_spec(custom_spec({**SPEC, "key": "bench"}))
     sync_rollup(client, spec)

@@ -1,13 +1,13 @@
 """Results from the ClickHouse store: per-unit rows → per-variant statistics → the engine.
 
-Read only: nothing here writes (the rollup is kept fresh by the loader and by
-:func:`sync_rollup`, called when an experiment is created or changed and by the monitor's
-maintenance pass). Two sources of per-unit rows:
+Read only: nothing here writes (the rollup is kept fresh by the loader and by its
+maintenance step, ``AnalyticsBackend.sync_rollup``, run when an experiment is created or
+changed and by the monitor's pass). Two sources of per-unit rows:
 
 - the per-unit rollup ``unit_stats`` / ``unit_segment_stats`` (about one row per unit, and per
   unit and segment value), when it can give every column of the plan exactly (the rule:
   :func:`ablab.platform.stats.unit_agg.rollup_unsupported`) and is current (computed under the
-  experiment's SLOs and layout, no request before ``start``);
+  experiment's SLOs, segment choice and layout, no request before ``start``);
 - otherwise one scan of ``raw_events`` rendered from the experiment's per-unit plan
   (:mod:`ablab.platform.stats.unit_agg`, the same plan ``ablab analyze`` renders in numpy):
   per-unit rows, per-segment rows and histograms in one pass (GROUPING SETS), plus a
@@ -26,8 +26,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ablab.platform.stats import unit_agg as ua
-from ablab.platform.stats.aggregates import VariantStats, variant_stats_from_units
+from ablab.platform.stats.aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
 from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.metrics import HISTOGRAM_SOURCES
 from ablab.platform.stats.spec import ExperimentSpec
 from ablab.platform.stats.sufficient import HistogramStats
 
@@ -112,36 +113,30 @@ def aggregates_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool =
             seg = part(sql.sets[f"seg:{dim}"])
             seg["segment"] = seg.pop(f"g{j}")
             ua.attach_pre(plan, seg, seg["unit_id"], pre)
-            segments[f"dims.{dim}"] = {
-                value: variant_stats_from_units(rows_, cuped=spec.cuped, custom=spec.custom) for value, rows_ in ua.split_segments(seg).items()
-            }
+            segments[f"dims.{dim}"] = segment_stats_from_units(seg, cuped=spec.cuped, custom=spec.custom)
     return StoreAggregates(stats, _exposures(client, spec, final=final), segments, "raw", units, histograms)
 
 
-# --- the per-unit rollup (migrations 0006–0013, fed by the loader; ablab.streaming.store.rollup) ---
+# --- the per-unit rollup (migrations 0006–0013, written by the loader's recompute; layout: unit_agg) ---
 
 
 def rollup_applies(spec: ExperimentSpec) -> bool:
     """The rollup can give every per-unit column of the plan exactly (the rule:
     :func:`ablab.platform.stats.unit_agg.rollup_unsupported`)."""
-    from ablab.streaming.store.rollup import ROLLUP_SUMS
-
-    return ua.rollup_unsupported(ua.plan(spec), spec, ROLLUP_SUMS) is None
+    return ua.rollup_unsupported(ua.plan(spec), spec, ua.ROLLUP_SUMS) is None
 
 
 def rollup_current(client: "Client", spec: ExperimentSpec) -> bool:
     """True when every ``unit_stats`` row of the experiment was computed under its SLOs and
     the current rollup layout, and no request precedes ``spec.start`` (rollup sums are
     all-time sums)."""
-    from ablab.streaming.store.rollup import ROLLUP_VERSION, slo_key
-
-    params: dict[str, Any] = {"experiment": spec.key, "key": slo_key(spec.slos)}
+    params: dict[str, Any] = {"experiment": spec.key, "key": ua.rollup_key(spec.slos, segments=bool(spec.segments))}
     early = "0"
     if spec.start:
         params["start_ms"] = ua.start_ms(spec.start)
         early = "toUnixTimestamp64Milli(min_ts) < {start_ms:Int64}"
     stale = client.query(
-        f"SELECT countIf(slo_key != {{key:String}} OR rollup_version < {ROLLUP_VERSION} OR ({early} AND requests > 0)) "
+        f"SELECT countIf(slo_key != {{key:String}} OR rollup_version < {ua.ROLLUP_VERSION} OR ({early} AND requests > 0)) "
         "FROM unit_stats FINAL WHERE experiment = {experiment:String}",
         parameters=params,
     ).result_rows[0][0]
@@ -151,8 +146,6 @@ def rollup_current(client: "Client", spec: ExperimentSpec) -> bool:
 def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, units: dict[str, np.ndarray]) -> Segments:
     """Per-segment statistics from ``unit_segment_stats``: the top values by requests, the
     rest folded into "(other)"; a unit with no row for a dimension is all "(none)"."""
-    from ablab.streaming.store.rollup import ROLLUP_SUMS
-
     out: Segments = {}
     base = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
     for dim in plan.segments:
@@ -164,71 +157,80 @@ def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, 
             parameters={**p, "none": ua.NONE}).result_rows]
         fold = len(top) > ua.MAX_SEGMENT_VALUES  # else every value shows and rows need no summing
         top = top[:ua.MAX_SEGMENT_VALUES]
-        p.update(top=top, none=ua.NONE, other=ua.OTHER)
+        # rows come back as integer codes (a value's and a variant's index into the sorted
+        # lists below), so nothing downstream converts or sorts strings
+        labels = sorted({*top, ua.NONE, ua.OTHER})
+        variants = sorted(base["variants"])
+        p.update(top=top, none=ua.NONE, other=ua.OTHER, labels=labels, variant_keys=variants)
         # the plan's columns per row first (map lookups), then the folded values summed
         cols = [c.name for c in plan.columns]
-        select = ua.rollup_select(plan, ROLLUP_SUMS, p)
+        select = ua.rollup_select(plan, ua.ROLLUP_SUMS, p)
         rows = f"""
-            SELECT variant, unit_id, if(value = {{none:String}} OR has({{top:Array(String)}}, value), value, {{other:String}}) AS segment,
+            SELECT toUInt32(indexOf({{variant_keys:Array(String)}}, variant) - 1) AS variant_code, cityHash64(unit_id) AS unit_id,
+                   toUInt32(indexOf({{labels:Array(String)}},
+                                    if(value = {{none:String}} OR has({{top:Array(String)}}, value), value, {{other:String}})) - 1) AS segment_code,
                    {select}
             FROM unit_segment_stats FINAL
             WHERE experiment = {{experiment:String}} AND dim = {{dim:String}} AND variant IN {{variants:Array(String)}}
               AND requests > 0"""
         if fold:
             sums = ", ".join(f"sum(`{c}`) AS `{c}`" for c in cols)
-            sql = (f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, segment, {sums} FROM ({rows}) "
-                   "GROUP BY variant, unit_id, segment")
+            sql = f"SELECT variant_code, unit_id, segment_code, {sums} FROM ({rows}) GROUP BY variant_code, unit_id, segment_code"
         else:
-            sql = f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, segment, {', '.join(f'`{c}`' for c in cols)} FROM ({rows})"
+            sql = rows
         seg = _columns(client, sql, p)
+        seg["variant"], seg["segment"] = seg.pop("variant_code"), seg.pop("segment_code")
         # a unit whose requests never carry the dimension has no row: its whole row is "(none)"
+        unit_variant = np.searchsorted(np.asarray(variants, dtype=object), np.asarray(units["variant"], dtype=object))
         rest = np.ones(units["unit_id"].size, dtype=bool)
-        for variant in np.unique(units["variant"]):
-            mine = units["variant"] == variant
-            rest[mine] = ~np.isin(units["unit_id"][mine], seg["unit_id"][seg["variant"] == variant])
-        seg = {k: np.concatenate([np.asarray(v), np.full(int(rest.sum()), ua.NONE, dtype=object) if k == "segment"
-                                  else np.asarray(units[k])[rest]]) for k, v in seg.items()}
+        for code in np.unique(unit_variant):
+            mine = unit_variant == code
+            rest[mine] = ~np.isin(units["unit_id"][mine], seg["unit_id"][seg["variant"] == code])
+        n_rest = int(rest.sum())
+        fill = {"variant": unit_variant[rest], "segment": np.full(n_rest, labels.index(ua.NONE), dtype=np.uint32)}
+        seg = {k: np.concatenate([np.asarray(v), fill[k] if k in fill else np.asarray(units[k])[rest]]) for k, v in seg.items()}
         ua.attach_pre(plan, seg, seg["unit_id"], None)
-        out[f"dims.{dim}"] = {
-            value: variant_stats_from_units(rows_, cuped=spec.cuped, custom=spec.custom)
-            for value, rows_ in ua.split_segments(seg).items()
-        }
+        out[f"dims.{dim}"] = segment_stats_from_units(seg, names=labels, variants=variants, cuped=spec.cuped, custom=spec.custom)
     return out
 
 
 def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
     """Per-variant (and per-segment) statistics from ``unit_stats`` / ``unit_segment_stats``
     (about one row per unit, and per unit and segment value), read only."""
-    from ablab.streaming.store.rollup import ROLLUP_SUMS
-
     plan = ua.plan(spec)
-    why = ua.rollup_unsupported(plan, spec, ROLLUP_SUMS)
+    why = ua.rollup_unsupported(plan, spec, ua.ROLLUP_SUMS)
     if why:
         raise ValueError(f"experiment {spec.key!r}: the per-unit rollup cannot give {why}")
     p: dict[str, Any] = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
     units = _columns(
         client,
-        f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, {ua.rollup_select(plan, ROLLUP_SUMS, p)} "
+        f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, {ua.rollup_select(plan, ua.ROLLUP_SUMS, p)} "
         "FROM unit_stats FINAL "
         "WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} AND requests > 0",
         p,
     )
     ua.attach_pre(plan, units, units["unit_id"], None)  # no request precedes start (rollup_current)
-    per_variant = client.query(  # histograms and time span per variant, one pass
-        "SELECT toString(variant), (sumMap(e2e_buckets, e2e_counts) AS he).1, he.2, "
-        "(sumMap(ttft_buckets, ttft_counts) AS ht).1, ht.2, toUnixTimestamp64Milli(min(min_ts)), "
-        "toUnixTimestamp64Milli(max(max_ts)) "
-        "FROM unit_stats FINAL WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} "
-        "AND requests > 0 GROUP BY variant",
+    where = "WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} AND requests > 0"
+    per_variant = client.query(  # the time span per variant
+        "SELECT toString(variant), toUnixTimestamp64Milli(min(min_ts)), toUnixTimestamp64Milli(max(max_ts)) "
+        f"FROM unit_stats FINAL {where} GROUP BY variant",
         parameters=p,
     ).result_rows
+    # the latency histograms per variant: (bucket, count) pairs unnested and summed, several
+    # times cheaper than sumMap over ~50-entry arrays per unit
+    buckets = _columns(client, " UNION ALL ".join(
+        f"SELECT toString(variant) AS variant, '{lat}' AS latency, b AS bucket, sum(n) AS count FROM unit_stats FINAL "
+        f"ARRAY JOIN {lat.removesuffix('_ms')}_buckets AS b, {lat.removesuffix('_ms')}_counts AS n {where} GROUP BY variant, b"
+        for lat in HISTOGRAM_SOURCES), p)
     histograms: dict[str, dict[str, HistogramStats]] = {}
-    for variant, e2e_b, e2e_c, ttft_b, ttft_c, _, _ in per_variant:
+    for variant, *_ in per_variant:
+        mine = buckets["variant"] == variant
         histograms[str(variant)] = {
-            "e2e_ms": HistogramStats.from_buckets(np.asarray(e2e_b), np.asarray(e2e_c)),
-            "ttft_ms": HistogramStats.from_buckets(np.asarray(ttft_b), np.asarray(ttft_c)),
+            lat: HistogramStats.from_buckets(buckets["bucket"][mine & (buckets["latency"] == lat)],
+                                             buckets["count"][mine & (buckets["latency"] == lat)])
+            for lat in HISTOGRAM_SOURCES
         }
-    span = (max(r[6] for r in per_variant) - min(r[5] for r in per_variant)) / 1000 if per_variant else 0.0
+    span = (max(r[2] for r in per_variant) - min(r[1] for r in per_variant)) / 1000 if per_variant else 0.0
     durations = {v.key: span for v in spec.variants} if span > 0 else None
     stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
     segments = _rollup_segments(client, spec, plan, units) if plan.segments else None
@@ -269,14 +271,3 @@ def attribution(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
     from ablab.platform.stats.attribution import attribute
 
     return attribute(spec=spec, stats=aggregates(client, spec).stats)
-
-
-def sync_rollup(client: "Client", spec: ExperimentSpec) -> dict[str, int]:
-    """Write the experiment's SLOs for the loader's recomputes and repair what the loader
-    could not know (units computed under older SLOs, events that reached ``raw_events``
-    without it). Called on create/update and by the monitor's pass, never by a read."""
-    from ablab.streaming.store.rollup import ensure_fresh
-
-    if spec.request_randomized:
-        return {"slo": 0, "missing": 0}
-    return ensure_fresh(client, spec.key, spec.slos)

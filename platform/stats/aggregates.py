@@ -88,8 +88,60 @@ def variant_stats_from_units(
     columns :func:`custom_columns` names. Histograms of a custom quantile are keyed by the
     metric's name in ``histograms[variant]``.
     """
-    labels, codes = np.unique(np.asarray(units["variant"]).astype(str), return_inverse=True)
-    k = labels.size
+    labels, codes = np.unique(_labels(units["variant"]), return_inverse=True)
+    groups = _group_stats(units, codes, labels.size, cuped=cuped, custom=custom)
+    return {
+        str(label): VariantStats(
+            **groups[i],
+            histograms=dict((histograms or {}).get(str(label), {})),
+            duration_s=(durations or {}).get(str(label)),
+        )
+        for i, label in enumerate(labels)
+    }
+
+
+def segment_stats_from_units(
+    rows: Any,
+    *,
+    column: str = "segment",
+    names: Sequence[str] | None = None,
+    variants: Sequence[str] | None = None,
+    cuped: bool = True,
+    custom: Sequence[CustomMetric] = (),
+) -> dict[str, dict[str, VariantStats]]:
+    """Segment value → variant → statistics, from per-(variant, unit, value) rows, in one
+    pass over the rows (each (value, variant) pair is one ``bincount`` group).
+
+    ``rows[column]`` holds the value (or, with ``names``, its index into ``names``);
+    ``rows["variant"]`` the variant (or, with ``variants``, its index). Integer codes from
+    the store skip sorting strings. Pairs without rows are left out.
+    """
+    seg_codes, seg_labels = _codes(rows[column], names)
+    var_codes, var_labels = _codes(rows["variant"], variants)
+    k = var_labels.size
+    groups = _group_stats(rows, seg_codes * k + var_codes, seg_labels.size * k, cuped=cuped, custom=custom)
+    out: dict[str, dict[str, VariantStats]] = {}
+    for g, parts in enumerate(groups):
+        if parts["units"] > 0:
+            out.setdefault(str(seg_labels[g // k]), {})[str(var_labels[g % k])] = VariantStats(**parts)
+    return out
+
+
+def _labels(values: Any) -> np.ndarray:
+    values = np.asarray(values)
+    return values.astype(str) if values.dtype == object else values
+
+
+def _codes(values: Any, names: Sequence[str] | None) -> tuple[np.ndarray, np.ndarray]:
+    """(code per row, label per code): ``values`` are indices into ``names`` when given."""
+    if names is not None:
+        return np.asarray(values, dtype=np.int64), np.asarray(list(names), dtype=object)
+    labels, codes = np.unique(_labels(values), return_inverse=True)
+    return codes, labels
+
+
+def _group_stats(units: Any, codes: np.ndarray, k: int, *, cuped: bool, custom: Sequence[CustomMetric]) -> list[dict[str, Any]]:
+    """Per group (``codes`` in ``range(k)``): the VariantStats fields that come from unit rows."""
     count = np.bincount(codes, minlength=k).astype(float)
     cols = {c: _column(units, c) for c in UNIT_COLUMNS if c not in OPTIONAL_COLUMNS or _has(units, c)}
 
@@ -142,9 +194,8 @@ def variant_stats_from_units(
                 c = np.where(py > 0, px / py, 0.0) if m.aggregation == "unit_mean" else px
             mat = np.vstack([v, keep, c, keep]) * keep
             unit_cuped[m.name] = (s(keep), np.vstack([s(r) for r in mat]), np.stack([s(a * b) for a in mat for b in mat]))
-    out: dict[str, VariantStats] = {}
-    for i, label in enumerate(labels):
-        ratios = {name: RatioStats(count[i], *(float(a[i]) for a in arrs)) for name, arrs in sums.items()}
+    out: list[dict[str, Any]] = []
+    for i in range(k):
         cu = {
             name: CupedStats(count[i], tuple(map(float, first[:, i])), tuple(map(float, cross[:, i])))
             for name, (first, cross) in cuped_sums.items()
@@ -155,13 +206,11 @@ def variant_stats_from_units(
             for name, (n, first, cross) in unit_cuped.items()
             if n[i] > 0
         )
-        out[str(label)] = VariantStats(
-            units=float(count[i]),
-            ratios=ratios,
-            cuped=cu,
-            histograms=dict((histograms or {}).get(str(label), {})),
-            request_sumsq={lat: float(v[i]) for lat, v in sumsq.items()},
-            duration_s=(durations or {}).get(str(label)),
-            samples={name: SampleStats(*(float(a[i]) for a in arrs)) for name, arrs in samples.items()},
-        )
+        out.append({
+            "units": float(count[i]),
+            "ratios": {name: RatioStats(count[i], *(float(a[i]) for a in arrs)) for name, arrs in sums.items()},
+            "cuped": cu,
+            "request_sumsq": {lat: float(v[i]) for lat, v in sumsq.items()},
+            "samples": {name: SampleStats(*(float(a[i]) for a in arrs)) for name, arrs in samples.items()},
+        })
     return out

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from . import unit_agg as ua
-from .aggregates import VariantStats, variant_stats_from_units
+from .aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
 from .engine import analyze
 from .metrics import DIM_PREFIX, MEASURE_PREFIX
 from .spec import ExperimentSpec
@@ -337,9 +337,7 @@ def _segments(plan, table, values, keep, var_codes, var_labels, unit, pre, spec)
         rows["_unit"] = unit[keep][first]
         ua.attach_pre(plan, rows, rows["_unit"], pre)
         rows["unit_id"] = rows.pop("_unit")
-        out[DIM_PREFIX + dim] = {
-            value: variant_stats_from_units(part, cuped=spec.cuped, custom=spec.custom) for value, part in ua.split_segments(rows).items()
-        }
+        out[DIM_PREFIX + dim] = segment_stats_from_units(rows, cuped=spec.cuped, custom=spec.custom)
     return out
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ablab.platform.config import Settings
+from ablab.platform.stats.spec import ExperimentSpec
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +88,11 @@ class AnalyticsStore:
         from ablab.streaming.store.queries import window_rows
 
         return window_rows(self.client, experiment=experiment, start=start, end=end)
+
+    def sync_rollup(self, spec: ExperimentSpec) -> dict[str, int]:
+        from ablab.streaming.store.rollup import sync
+
+        return sync(self.client, spec)
 
     def _stream_probe(self) -> Any:
         """The stream job's probe, made on first use where this process runs the loader."""

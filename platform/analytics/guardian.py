@@ -25,15 +25,19 @@ log = logging.getLogger(__name__)
 ACTOR = "guardrail-monitor"
 
 
-def enforce_guardrails(sessions: sessionmaker[Session], client: Any, settings: Settings | None = None) -> list[dict[str, str]]:
-    """One pass over running experiments (rollup maintenance, then guardrails); returns the pauses made."""
+def enforce_guardrails(
+    sessions: sessionmaker[Session], client: Any, settings: Settings | None = None, *, sync_rollup: service.RollupSync | None = None
+) -> list[dict[str, str]]:
+    """One pass over running experiments (rollup maintenance through ``sync_rollup``, then
+    guardrails); returns the pauses made."""
     paused: list[dict[str, str]] = []
     with transaction(sessions) as session:
         running, _ = registry.list_experiments(session, status=Status.running, limit=500)
         reads = [registry.to_read(e) for e in running]
     for exp in reads:
         try:  # the maintenance step that keeps results reads free of writes
-            service.sync_rollup(client, exp, settings=settings)
+            if sync_rollup is not None:
+                service.sync_rollup(sync_rollup, exp, settings=settings)
         except Exception:  # noqa: BLE001 - one broken experiment must not stop the others
             log.exception("rollup maintenance of %s failed", exp.key)
         if not exp.guardrails:
@@ -58,10 +62,12 @@ def enforce_guardrails(sessions: sessionmaker[Session], client: Any, settings: S
 
 class GuardrailMonitor:
     def __init__(
-        self, sessions: sessionmaker[Session], client: Any, *, interval_s: float, settings: Settings | None = None
+        self, sessions: sessionmaker[Session], client: Any, *, interval_s: float, settings: Settings | None = None,
+        sync_rollup: service.RollupSync | None = None,
     ) -> None:
         self._sessions = sessions
         self._client = client
+        self._sync_rollup = sync_rollup
         self._interval_s = interval_s
         self._settings = settings or get_settings()
         self._allocated_at: float | None = None
@@ -72,7 +78,7 @@ class GuardrailMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                enforce_guardrails(self._sessions, self._client, self._settings)
+                enforce_guardrails(self._sessions, self._client, self._settings, sync_rollup=self._sync_rollup)
             except Exception:  # noqa: BLE001 - keep monitoring
                 log.exception("guardrail pass failed")
             self.allocate_if_due()

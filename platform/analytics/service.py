@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -10,6 +10,9 @@ from ablab.platform.config import Settings, get_settings
 from ablab.platform.errors import Invalid
 from ablab.platform.registry.schemas import ExperimentRead
 from ablab.platform.stats.spec import ExperimentSpec, SpecError, parse_spec
+
+# The store's rollup maintenance for one experiment (units repaired, by cause).
+RollupSync = Callable[[ExperimentSpec], Mapping[str, int]]
 
 
 def is_adaptive(exp: ExperimentRead, settings: Settings | None = None) -> bool:
@@ -53,16 +56,15 @@ def attribution(client: Any, exp: ExperimentRead, *, settings: Settings | None =
     return from_store(client, stats_spec(exp, settings=settings))
 
 
-def sync_rollup(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, int]:
-    """Keep the experiment's per-unit rollup current (its SLOs written, stale units recomputed):
-    on create/update and in the monitor's maintenance pass, so results reads write nothing."""
-    from ablab.platform.analytics.results import sync_rollup as sync
-
+def sync_rollup(sync: RollupSync, exp: ExperimentRead, *, settings: Settings | None = None) -> Mapping[str, int]:
+    """Keep the experiment's per-unit rollup current (its SLOs and segment choice written, stale
+    units recomputed) through the store's maintenance step ``sync`` (``AnalyticsBackend.sync_rollup``):
+    on create/update and in the monitor's pass, so results reads write nothing."""
     try:
         spec = stats_spec(exp, settings=settings)
     except Invalid:
         return {"slo": 0, "missing": 0}  # not analyzable yet; results will say why
-    return sync(client, spec)
+    return sync(spec)
 
 
 def timeseries(windows: Iterable[Mapping[str, Any]], exp: ExperimentRead, *, metric: str) -> dict[str, Any]:

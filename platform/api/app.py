@@ -79,7 +79,7 @@ def _guardrails(state: AppState) -> Any:
 
     assert state.analytics is not None
     return GuardrailMonitor(state.sessions, state.analytics.client, interval_s=state.settings.guardrail_interval_s,
-                            settings=state.settings)
+                            settings=state.settings, sync_rollup=state.analytics.sync_rollup)
 
 
 def create_app(

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
+    from ablab.platform.stats.spec import ExperimentSpec
+
 # A readiness probe: "ok …" or "failed: …" (what ``/readyz`` looks for) and never raises on
 # its component's failure.
 Probe = Callable[[], str]
@@ -66,4 +68,10 @@ class AnalyticsBackend(Component, Protocol):
 
     def window_rows(self, experiment: str, *, start: datetime | None = None, end: datetime | None = None) -> list[dict[str, Any]]:
         """The experiment's 10 s windows, oldest first (the input of :func:`ablab.platform.stats.timeseries.timeseries`)."""
+        ...
+
+    def sync_rollup(self, spec: ExperimentSpec) -> Mapping[str, int]:
+        """The per-unit rollup's maintenance step for one experiment: record its SLOs and
+        whether it keeps segment rows, recompute the units that are stale; units repaired by
+        cause. Called on create/update and by the monitor, never by a read."""
         ...

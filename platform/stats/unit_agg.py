@@ -32,6 +32,7 @@ attached to the unit's rows (:func:`attach_pre`), as CUPED's covariate.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -450,16 +451,6 @@ def start_ms(text: str) -> int:
     return int(round(moment.timestamp() * 1000))
 
 
-def split_segments(rows: Mapping[str, np.ndarray], column: str = "segment") -> dict[str, dict[str, np.ndarray]]:
-    """Per-(variant, unit, value) rows → value → that value's per-unit rows."""
-    labels = np.asarray(rows[column]).astype(str)
-    values, inverse = np.unique(labels, return_inverse=True)
-    order = np.argsort(inverse, kind="stable")  # one gather per column, then contiguous slices
-    bounds = np.searchsorted(inverse[order], np.arange(values.size + 1))
-    cols = {k: np.asarray(c)[order] for k, c in rows.items() if k != column}
-    return {str(v): {k: c[bounds[i]:bounds[i + 1]] for k, c in cols.items()} for i, v in enumerate(values)}
-
-
 # --- the rollup rendering (unit_stats / unit_segment_stats, migrations 0006–0013) -------
 #
 # The rule, in one place: the per-unit rollup keeps, per unit (and per unit and segment
@@ -475,6 +466,34 @@ def split_segments(rows: Mapping[str, np.ndarray], column: str = "segment") -> d
 # rollup cannot give keeps the raw scan (:func:`store_sql`).
 
 ALWAYS_PRESENT = {"cost_usd": "cost_usd_sum", "error": "errors"}
+
+# The rollup's layout, the one contract between its writer (the loader's recompute,
+# ablab.streaming.store.rollup) and its reader (ablab.platform.analytics.results):
+# the built-in per-unit sums stored by name, the per-source maps, and the layout version
+# (rows computed under an older one are recomputed before they are read).
+ROLLUP_SUMS = (
+    "requests", "errors", "e2e_ms_sum", "e2e_ms_n", "e2e_ms_sq", "ttft_ms_sum", "ttft_ms_n", "ttft_ms_sq",
+    "tpot_ms_sum", "tpot_ms_n", "cost_usd_sum", "labeled", "correct", "labeled_cost_usd_sum", "good",
+)
+ROLLUP_MAPS = ("src_sum", "src_n", "src_sq", "src_cost")  # keyed by source: Σ value, count, Σ value², Σ cost_usd
+ROLLUP_VERSION = 1
+_SEGMENTS_MARK = "+segments"
+
+
+def rollup_key(slos: Mapping[str, float], *, segments: bool = False) -> str:
+    """What a unit's rollup rows were computed under (their ``slo_key``): the experiment's SLOs
+    (``good`` depends on them) and whether its segment rows are kept (only experiments that
+    declare segments pay for them). Rows under another key are stale."""
+    for name in slos:
+        if name not in SLO_METRICS:
+            raise ValueError(f"slos.{name}: not an SLO metric ({', '.join(SLO_METRICS)})")
+    key = json.dumps({k: float(slos[k]) for k in sorted(slos)}, separators=(",", ":"))
+    return key + _SEGMENTS_MARK if segments else key
+
+
+def key_keeps_segments(key: str) -> bool:
+    """Whether rollup rows computed under ``key`` (:func:`rollup_key`) include segment rows."""
+    return key.endswith(_SEGMENTS_MARK)
 
 
 def rollup_column(col: UnitColumn, params: dict[str, Any], prefix: str = "") -> str | None:

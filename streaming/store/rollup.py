@@ -36,18 +36,21 @@ scans ``raw_events`` instead. All values are bound parameters.
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ablab.platform.stats.sufficient import histogram_bucket_sql
-from ablab.platform.stats.unit_agg import ALWAYS_PRESENT, FIELDS
+from ablab.platform.stats.unit_agg import (
+    ALWAYS_PRESENT, FIELDS, ROLLUP_MAPS, ROLLUP_SUMS, ROLLUP_VERSION, key_keeps_segments, rollup_key,
+)
 from ablab.streaming.store.columns import RAW_COLUMNS
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
+
+    from ablab.platform.stats.spec import ExperimentSpec
 
 SLO_COLUMNS = ("e2e_ms", "ttft_ms", "tpot_ms")
 ROLLUP_EVENT_COLUMNS = (
@@ -55,28 +58,11 @@ ROLLUP_EVENT_COLUMNS = (
     "prompt_tokens", "output_tokens", "device_s", "measures", "dims",
 )
 ROLLUP_TRACE_COLUMNS = ("trace_id", "type", "event_id", "ts", "experiment", "unit_id", "correct", "cost_usd", "score")
-ROLLUP_SUMS = (
-    "requests", "errors", "e2e_ms_sum", "e2e_ms_n", "e2e_ms_sq", "ttft_ms_sum", "ttft_ms_n", "ttft_ms_sq",
-    "tpot_ms_sum", "tpot_ms_n", "cost_usd_sum", "labeled", "correct", "labeled_cost_usd_sum", "good",
-)
-# Per-source maps (migration 0013): key = the source's name (ablab.platform.stats.unit_agg
-# ROLLUP_SOURCES, measures.<name>); Σ value, count present, Σ value², Σ cost_usd where present.
-ROLLUP_MAPS = ("src_sum", "src_n", "src_sq", "src_cost")
-# The layout a unit_stats row was computed under; older rows are recomputed by ensure_fresh.
-ROLLUP_VERSION = 1
 # the catalogue fields a request may lack (cost_usd is always present: its own column)
 NULLABLE_SOURCES = tuple(f for f in FIELDS if f not in ALWAYS_PRESENT)
 _I = {name: i for i, name in enumerate(RAW_COLUMNS)}
 # Chunk the unit list of one recompute so its IN-list and join stay small.
 _UNITS_PER_RECOMPUTE = 5_000
-
-
-def slo_key(slos: Mapping[str, float]) -> str:
-    """Canonical text of an experiment's SLOs (what ``good`` was computed under)."""
-    for name in slos:
-        if name not in SLO_COLUMNS:
-            raise ValueError(f"slos.{name}: not an SLO metric ({', '.join(SLO_COLUMNS)})")
-    return json.dumps({k: float(slos[k]) for k in sorted(slos)}, separators=(",", ":"))
 
 
 # --- the loader side -------------------------------------------------------------------
@@ -180,14 +166,15 @@ def current_slos(client: "Client", experiment: str) -> tuple[str, dict[str, floa
         parameters={"experiment": experiment},
     ).result_rows
     if not rows:
-        return slo_key({}), dict.fromkeys(SLO_COLUMNS)
+        return rollup_key({}), dict.fromkeys(SLO_COLUMNS)
     key, *bounds = rows[0]
     return str(key), dict(zip(SLO_COLUMNS, (None if b is None else float(b) for b in bounds)))
 
 
-def set_slos(client: "Client", experiment: str, slos: Mapping[str, float]) -> bool:
-    """Record the SLOs ``good`` must use; True when they changed (stale units need a recompute)."""
-    key = slo_key(slos)
+def set_slos(client: "Client", experiment: str, slos: Mapping[str, float], *, segments: bool = False) -> bool:
+    """Record the SLOs ``good`` must use and whether segment rows are kept; True when that
+    changed (stale units need a recompute)."""
+    key = rollup_key(slos, segments=segments)
     if current_slos(client, experiment)[0] == key:
         return False
     client.insert(
@@ -294,17 +281,18 @@ def _recompute_sql(units_given: bool) -> tuple[str, str]:
 
 
 def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:
-    """Rewrite the ``unit_stats`` and ``unit_segment_stats`` rows of ``units`` (None: every
-    unit of the experiment) from ``rollup_events``/``rollup_labels`` under the experiment's
-    current SLOs."""
+    """Rewrite the ``unit_stats`` rows of ``units`` (None: every unit of the experiment) and,
+    for an experiment that declares segments, their ``unit_segment_stats`` rows, from
+    ``rollup_events``/``rollup_labels`` under the experiment's current SLOs."""
     key, bounds = current_slos(client, experiment)
     params: dict[str, Any] = {"experiment": experiment, "slo_key": key, **{f"slo_{c}": b for c, b in bounds.items()}}
+    unit_sql, segment_sql = _recompute_sql(units is not None)
+    statements = [unit_sql, segment_sql] if key_keeps_segments(key) else [unit_sql]
     with batch_lock:  # one recompute at a time: the newest computed_at saw the most events
         if units is None:
-            for sql in _recompute_sql(False):
+            for sql in statements:
                 client.command(sql, parameters=params)
             return
-        statements = _recompute_sql(True)
         for i in range(0, len(units), _UNITS_PER_RECOMPUTE):
             for sql in statements:
                 client.command(sql, parameters={**params, "units": list(units[i:i + _UNITS_PER_RECOMPUTE])})
@@ -354,8 +342,19 @@ _verified: dict[str, int] = {}
 _verified_raw: dict[str, tuple[int, int]] = {}
 
 
-def ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) -> dict[str, int]:
-    """Make the experiment's ``unit_stats`` complete and computed under ``slos``.
+def sync(client: "Client", spec: "ExperimentSpec") -> dict[str, int]:
+    """The maintenance step for one experiment: its SLOs and whether it
+    keeps segment rows written for the loader's recomputes, and what the loader could not know
+    repaired (units computed under other SLOs, events that reached ``raw_events`` without it).
+    Run on create/update and by the monitor's pass, never by a read."""
+    if spec.request_randomized:
+        return {"slo": 0, "missing": 0}
+    return ensure_fresh(client, spec.key, spec.slos, segments=bool(spec.segments))
+
+
+def ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float], *, segments: bool = False) -> dict[str, int]:
+    """Make the experiment's ``unit_stats`` (and, with ``segments``, ``unit_segment_stats``)
+    complete and computed under ``slos``.
 
     Cheap when nothing is missing (a few counts). Repairs, by recomputing only the affected
     units: units whose SLOs changed, units loaded without a recompute (a recompute lost with
@@ -363,13 +362,13 @@ def ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) -
     without the loader (copied into the lookup tables first).
     """
     with batch_lock:
-        return _ensure_fresh(client, experiment, slos)
+        return _ensure_fresh(client, experiment, slos, segments)
 
 
-def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float]) -> dict[str, int]:
+def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float], segments: bool) -> dict[str, int]:
     _backfill_if_behind(client, experiment)
-    set_slos(client, experiment, slos)
-    key = slo_key(slos)
+    set_slos(client, experiment, slos, segments=segments)
+    key = rollup_key(slos, segments=segments)
     repaired = {"slo": 0, "missing": 0}
     p = {"experiment": experiment, "key": key}
     counted, n_stale = client.query(

@@ -66,13 +66,11 @@ def run_child_json(script: str, *args: str, timeout: float) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-RAW_FRAME_COLUMNS = ["event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id", "ttft_ms", "e2e_ms",
-                     "tpot_ms", "cost_usd", "price_version", "error", "strategy", "correct", "source", "payload",
-                     "kafka_partition", "kafka_offset"]
+def raw_frame(ev):  # noqa: ANN001, ANN201 - a pandas frame in and out
+    """``platform.stats.synthetic``-style events as the loader writes them to ``raw_events``
+    (its columns, in its order; ``measures``/``dims`` as maps, missing ones empty)."""
+    from ablab.streaming.store.columns import RAW_COLUMNS
 
-
-def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-connect client, a pandas frame
-    """Write ``platform.stats.synthetic`` events into ``raw_events`` as the loader would."""
     ev = ev.copy()
     ev["event_id"] = [f"e{i}" for i in range(len(ev))]
     ev["ts"] = ev["ts"].dt.floor("ms")
@@ -81,7 +79,17 @@ def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-con
     ev["strategy"], ev["payload"], ev["kafka_partition"] = "{}", "", 0
     ev["kafka_offset"] = range(len(ev))
     ev["correct"] = ev["correct"].astype("UInt8")
-    client.insert_df("raw_events", ev[RAW_FRAME_COLUMNS])
+    for col in ("measures", "dims"):
+        ev[col] = [m if isinstance(m, dict) else {} for m in ev[col]] if col in ev.columns else [{}] * len(ev)
+    for col in ("prompt_tokens", "output_tokens"):
+        if col in ev.columns:
+            ev[col] = ev[col].astype("UInt32")
+    return ev[[c for c in RAW_COLUMNS if c in ev.columns]]
+
+
+def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-connect client, a pandas frame
+    """Write ``platform.stats.synthetic`` events into ``raw_events`` as the loader would."""
+    client.insert_df("raw_events", raw_frame(ev))
 
 
 def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, on_timeout: Callable[[], str] | None = None,

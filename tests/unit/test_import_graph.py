@@ -60,13 +60,7 @@ IO_MODULES = frozenset({
 
 # Allowances pending moves in flight; each names who removes it. Drop an entry when its
 # move lands (the test then fails on any that is no longer needed).
-PENDING = {
-    # The results reader asks the loader's rollup module for its column sums and SLO keys
-    # and has it refresh an experiment's rollup (sync_rollup): the rollup's reads and its
-    # repair belong behind the AnalyticsBackend protocol (platform/api/ports.py), which
-    # streaming.analytics implements. Until then platform reaches into streaming here.
-    ("ablab.platform.analytics.results", "ablab.streaming.store.rollup"),
-}
+PENDING: set[tuple[str, str]] = set()  # none: every rule holds without exception
 
 
 def _module_name(path: Path) -> str:

@@ -27,14 +27,14 @@ def _versioned(response: Response, exp) -> ExperimentRead:  # noqa: ANN001 - a r
 
 
 def _sync_rollup(state: AppState, exp) -> None:  # noqa: ANN001 - a registry Experiment row
-    """Its SLOs to the per-unit rollup now, so results reads never write (analytics/results.py)."""
+    """Its SLOs and segment choice to the per-unit rollup now, so results reads never write."""
     store = state.analytics
     if store is None:
         return
     from ablab.platform.analytics.service import sync_rollup
 
     try:
-        sync_rollup(store.client, service.to_read(exp), settings=state.settings)
+        sync_rollup(store.sync_rollup, service.to_read(exp), settings=state.settings)
     except Exception:  # noqa: BLE001 - the monitor's maintenance pass retries; the change itself stands
         log.warning("rollup sync of %s failed; the maintenance pass will retry", exp.key, exc_info=True)
 

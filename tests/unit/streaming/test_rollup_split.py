@@ -3,10 +3,9 @@ a batch touches, which traces need their unit looked up; the SLO key."""
 
 from datetime import UTC, datetime
 
-import pytest
 
 from ablab.streaming.loader.rows import RAW_COLUMNS
-from ablab.streaming.store.rollup import ROLLUP_EVENT_COLUMNS, ROLLUP_TRACE_COLUMNS, slo_key, split_batch
+from ablab.streaming.store.rollup import ROLLUP_EVENT_COLUMNS, ROLLUP_TRACE_COLUMNS, split_batch
 
 TS = datetime(2026, 12, 1, tzinfo=UTC)
 
@@ -37,10 +36,3 @@ def test_split_batch_routes_rows_and_finds_touched_units():
     assert facts[0]["experiment"] == "x" and facts[0]["unit_id"] == "u1"
     assert dict(units) == {"x": {"u1", "u2"}}  # exposures and RUM touch no unit's rollup
     assert lookups == {"t9", "t1"}  # labels and billing: their unit is looked up by trace
-
-
-def test_slo_key_is_canonical_and_refuses_unknown_metrics():
-    assert slo_key({"ttft_ms": 200, "tpot_ms": 25}) == slo_key({"tpot_ms": 25.0, "ttft_ms": 200.0})
-    assert slo_key({}) != slo_key({"ttft_ms": 200})
-    with pytest.raises(ValueError, match="slos.accuracy"):
-        slo_key({"accuracy": 0.9})

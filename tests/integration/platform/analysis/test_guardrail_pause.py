@@ -47,8 +47,13 @@ CHILD = textwrap.dedent("""
             registry.create_experiment(s, data=data, actor="test", bucket_space=10_000)
             exp = registry.transition(s, key=key, action="start", actor="test")
             exp.started_at = ev["ts"].min().to_pydatetime()
-    first = enforce_guardrails(sessions, client)
-    second = enforce_guardrails(sessions, client)  # already paused: no new pause, no new audit row
+    from ablab.streaming.store.rollup import sync
+
+    def maintain(spec):  # what the API's store passes as its rollup maintenance step
+        return sync(client, spec)
+
+    first = enforce_guardrails(sessions, client, sync_rollup=maintain)
+    second = enforce_guardrails(sessions, client, sync_rollup=maintain)  # already paused: nothing new
     with transaction(sessions) as s:
         reads = {k: registry.to_read(registry.get_experiment(s, k)) for k in ("exp", "other")}
         audit = [a.model_dump(mode="json") for a in registry.audit_log(s, key="exp")]

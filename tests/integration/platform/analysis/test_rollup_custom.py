@@ -11,9 +11,6 @@ chDB allows one data directory per process, so the store side runs in a child pr
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -25,6 +22,7 @@ from ablab.platform.stats import unit_agg as ua
 from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import ExperimentSpec, parse_spec
 from ablab.platform.stats.synthetic import spec_dict
+from ablab_testing import run_child_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -75,20 +73,14 @@ CHILD = textwrap.dedent("""
     spec = rollup_spec()
     from ablab.platform.stats import unit_agg as ua
     plan = ua.plan(spec)
-    ev["event_id"] = [t if k == "inference" else f"e{i}" for i, (t, k) in enumerate(zip(ev["trace_id"], ev["type"]))]
-    for col in ("trace_id", "experiment", "variant", "unit_id", "price_version", "source"):
-        ev[col] = ev[col].fillna("")
-    ev["strategy"], ev["payload"], ev["kafka_partition"], ev["kafka_offset"] = "{}", "", 0, range(len(ev))
-    ev["correct"] = ev["correct"].astype("UInt8")
-    ev["measures"] = [m if isinstance(m, dict) else {} for m in ev["measures"]]
-    ev["dims"] = [d if isinstance(d, dict) else {} for d in ev["dims"]]
-    for col in ("prompt_tokens", "output_tokens"):
-        ev[col] = ev[col].astype("UInt32")
+    from ablab_testing import raw_frame
+
+    ev = raw_frame(ev)
+    client.insert_df("raw_events", ev)
     for col in RAW_COLUMNS:
         if col not in ev.columns:
             ev[col] = None
-    client.insert_df("raw_events", ev[[c for c in RAW_COLUMNS]])
-    rollup.set_slos(client, spec.key, spec.slos)
+    rollup.set_slos(client, spec.key, spec.slos, segments=True)  # the spec declares a breakdown
     # the loader's step in shuffled batches: labels before and after their requests, a replay
     rows = [tuple(None if (isinstance(v, float) and v != v) or v is None or v is np.nan
                   else (v.to_pydatetime() if hasattr(v, "to_pydatetime") else v) for v in r)
@@ -133,11 +125,7 @@ def test_rollup_serves_custom_metrics_and_segments(tmp_path):
     events = rollup_events()
     spec = rollup_spec()
     (tmp_path / "in.pkl").write_bytes(pickle.dumps(events))
-    child = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path / "chdb"), str(tmp_path / "in.pkl"),
-                            str(Path(__file__).parent)], capture_output=True, text=True, timeout=580,
-                           env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).parent)})
-    assert child.returncode == 0, child.stderr[-3000:]
-    store = json.loads(child.stdout.strip().splitlines()[-1])
+    store = run_child_json(CHILD, str(tmp_path / "chdb"), str(tmp_path / "in.pkl"), str(Path(__file__).parent), timeout=580)
     assert store["applies"] and store["current"] and store["source"] == "rollup"
     # a quantile of a measure, a ratio of two nullable sources, requests before start: raw scan
     assert store["routed"] == ["raw", "raw", "raw"]

@@ -110,6 +110,9 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
 
     # the loader alone kept the rollup complete and current: nothing for the reader to repair
     assert rollup.ensure_fresh(store, spec.key, spec.slos) == {"slo": 0, "missing": 0}
+    # no breakdown declared: the loader kept no segment rows (they cost it a second pass)
+    assert store.query("SELECT count() FROM unit_segment_stats WHERE experiment = {e:String}",
+                       parameters={"e": spec.key}).result_rows[0][0] == 0
     stats, exposures = _rollup_stats(store, spec)
     from_rollup = analyze(spec=spec, stats=stats, exposures=exposures)
     from_raw = results_from_raw(store, spec)

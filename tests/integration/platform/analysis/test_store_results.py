@@ -25,7 +25,8 @@ CHILD = textwrap.dedent("""
     import pandas as pd
     from ablab.streaming.store import apply_ddl, make_client
     from ablab.platform.stats.spec import parse_spec
-    from ablab.platform.analytics.results import aggregates, results, results_from_raw, results_from_rollup, sync_rollup
+    from ablab.platform.analytics.results import aggregates, results, results_from_raw, results_from_rollup
+    from ablab.streaming.store.rollup import sync as sync_rollup
     from ablab.streaming.store.rollup import backfill_from_raw
 
     store, events_path, spec_path = sys.argv[1:4]

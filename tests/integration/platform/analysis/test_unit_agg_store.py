@@ -89,7 +89,6 @@ CHILD = textwrap.dedent("""
     import numpy as np
     from ablab.streaming.store import apply_ddl, make_client
     from ablab.platform.analytics.results import aggregates_from_raw, results_from_raw
-    from ablab.streaming.loader.rows import RAW_COLUMNS
 
     store, events_path, here = sys.argv[1:4]
     sys.path.insert(0, here)
@@ -98,17 +97,9 @@ CHILD = textwrap.dedent("""
     apply_ddl(client)
     ev = pickle.load(open(events_path, "rb"))
     spec = spec_under_test()
-    ev["event_id"] = [t if k == "inference" else f"e{i}" for i, (t, k) in enumerate(zip(ev["trace_id"], ev["type"]))]
-    for col in ("trace_id", "experiment", "variant", "unit_id", "price_version", "source"):
-        ev[col] = ev[col].fillna("")
-    ev["strategy"], ev["payload"], ev["kafka_partition"], ev["kafka_offset"] = "{}", "", 0, range(len(ev))
-    ev["correct"] = ev["correct"].astype("UInt8")
-    ev["measures"] = [m if isinstance(m, dict) else {} for m in ev["measures"]]
-    ev["dims"] = [d if isinstance(d, dict) else {} for d in ev["dims"]]
-    for col in ("prompt_tokens", "output_tokens"):
-        ev[col] = ev[col].astype("UInt32")
-    cols = [c for c in RAW_COLUMNS if c in ev.columns]
-    client.insert_df("raw_events", ev[cols])
+    from ablab_testing import insert_synthetic_raw
+
+    insert_synthetic_raw(client, ev)
     agg = aggregates_from_raw(client, spec)
     names = dict(client.query("SELECT DISTINCT cityHash64(unit_id), unit_id FROM raw_events").result_rows)
     units = {k: (v.tolist() if k != "unit_id" else [names[int(u)] for u in v]) for k, v in agg.units.items()}

@@ -109,3 +109,13 @@ def test_measures_as_a_map_a_struct_or_flat_columns_read_the_same():
     for agg in (structs, flat):
         assert agg.units[col["y"]].sum() == 9 and agg.units[col["x"]].sum() == sum(i for i in range(12) if i % 4)
         assert set(agg.segments["dims.domain"]) == {"a", "b"}
+
+
+def test_rollup_key_is_canonical_says_whether_segments_are_kept_and_refuses_unknown_metrics():
+    assert ua.rollup_key({"ttft_ms": 200, "tpot_ms": 25}) == ua.rollup_key({"tpot_ms": 25.0, "ttft_ms": 200.0})
+    assert ua.rollup_key({}) != ua.rollup_key({"ttft_ms": 200})
+    plain, with_segments = ua.rollup_key({"ttft_ms": 200}), ua.rollup_key({"ttft_ms": 200}, segments=True)
+    assert plain != with_segments  # turning a breakdown on makes every unit's rows stale
+    assert not ua.key_keeps_segments(plain) and ua.key_keeps_segments(with_segments)
+    with pytest.raises(ValueError, match="slos.accuracy"):
+        ua.rollup_key({"accuracy": 0.9})

@@ -313,13 +313,7 @@ def pause_variant(
     session: Session, *, key: str, variant: str, reason: str, actor: str, expected_version: int | None = None
 ) -> Experiment:
     """Stop serving one variant (its units get no assignment); used by guardrail automation."""
-    exp = get_experiment(session, key)
-    if expected_version is not None:
-        _check_version(exp, expected_version)
-    _refuse_if_finished(exp, "pause a variant of")
-    target = next((v for v in exp.variants if v.key == variant), None)
-    if target is None:
-        raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
+    exp, target = _variant_to_change(session, key, variant, expected_version, "pause")
     if variant == exp.control:
         raise Conflict("the control variant cannot be paused; pause the experiment instead", field="variant")
     if target.paused:
@@ -336,13 +330,7 @@ def pause_variant(
 
 def resume_variant(session: Session, *, key: str, variant: str, actor: str, expected_version: int | None = None) -> Experiment:
     """Put a paused variant back into traffic; the audit log keeps why it had been paused."""
-    exp = get_experiment(session, key)
-    if expected_version is not None:
-        _check_version(exp, expected_version)
-    _refuse_if_finished(exp, "resume a variant of")
-    target = next((v for v in exp.variants if v.key == variant), None)
-    if target is None:
-        raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
+    exp, target = _variant_to_change(session, key, variant, expected_version, "resume")
     if not target.paused:
         return exp
     before = _snapshot(exp)
@@ -359,6 +347,21 @@ def _refuse_if_archived(exp: Experiment, what: str) -> None:
     if exp.archived_at is not None:
         raise Conflict(f"cannot {what} experiment '{exp.key}': it is archived, so read-only; "
                        f"unarchive it first (POST /v1/experiments/{exp.key}/unarchive)", field="archived")
+
+
+def _variant_to_change(
+    session: Session, key: str, variant: str, expected_version: int | None, verb: str
+) -> tuple[Experiment, Variant]:
+    """The experiment and its variant ``variant``, checked for a pause or resume: the version
+    the caller saw, not finished, the variant exists."""
+    exp = get_experiment(session, key)
+    if expected_version is not None:
+        _check_version(exp, expected_version)
+    _refuse_if_finished(exp, f"{verb} a variant of")
+    target = next((v for v in exp.variants if v.key == variant), None)
+    if target is None:
+        raise NotFound(f"experiment '{key}' has no variant '{variant}'", field="variant")
+    return exp, target
 
 
 def _refuse_if_finished(exp: Experiment, what: str) -> None:

@@ -108,8 +108,11 @@ def _settle(pg) -> None:
 
 
 def _click(pg, name: str) -> None:
+    """Press a button from the keyboard: a mouse click lands at coordinates aimed before it,
+    and a rerun that moves the layout in between clicked another widget (a weight slider at
+    its minimum: the SRM warning in an occasional run)."""
     _settle(pg)
-    pg.get_by_role("button", name=name).click()
+    pg.get_by_role("button", name=name).press("Enter")
     _settle(pg)
 
 
@@ -141,7 +144,11 @@ def test_sign_in_create_start_and_read_results(stack, page, shots):
     _settle(pg)
     precision = pg.get_by_role("combobox", name="precision")
     precision.press_sequentially("int8")
+    # Enter picks the highlighted option only once the filtered list is drawn; pressed before,
+    # it picks nothing and the box merely shows the typed text (the form then sent fp32)
+    expect(pg.get_by_role("option", name="int8", exact=True)).to_be_visible()
     precision.press("Enter")
+    expect(pg.get_by_role("option", name="int8", exact=True)).to_have_count(0)  # the list closed on a choice
     _settle(pg)
 
     time.sleep(1)

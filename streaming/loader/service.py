@@ -66,8 +66,6 @@ _BOOTSTRAP_TIMEOUT_MS = 3_000
 _REJOIN_AFTER_S = 10.0
 _REJOIN_MAX_S = 300.0
 DEFAULT_TOPICS = (*EVENT_TOPICS.values(), WINDOWS_TOPIC)
-# Far below the consumer's max.poll.interval.ms (300 s), after which the group evicts a member.
-_ADD_WITHIN_S = 60.0
 _LAG_REFRESH_S = 5.0  # end offsets are a broker round trip; the lag gauge need not be fresher
 _RAW_TYPE = RAW_COLUMNS.index("type")
 _RAW_EVENT_ID = RAW_COLUMNS.index("event_id")
@@ -155,7 +153,6 @@ class Loader:
         known_experiments: Callable[[], Collection[str]] | None = None,
         known_experiments_refresh_s: float = 10.0,
         rollup: bool = True,
-        incremental_rollup: bool = True,
         max_future_s: float = DEFAULT_MAX_FUTURE_S,
         retry_max_s: float = 30.0,
         batch_lock: AbstractContextManager[Any] | None = None,
@@ -170,7 +167,6 @@ class Loader:
         self.batch_max_s = batch_max_s
         self.stats = LoaderStats()
         self.rollup = rollup
-        self.incremental_rollup = incremental_rollup
         self._known_experiments = known_experiments
         self._known_refresh_s = known_experiments_refresh_s
         self._known: Collection[str] | None = None
@@ -188,7 +184,6 @@ class Loader:
         # mode); loaders in other processes share nothing but the store.
         self._batch_lock = batch_lock
         self._checked_partitions = False
-        self._polled_at = 0.0
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -332,7 +327,6 @@ class Loader:
         if self._consumer is None:
             self._connect()
         polled = self._consumer.poll(timeout_ms=timeout_ms, max_records=self.batch_max_records)
-        self._polled_at = time.monotonic()
         known = self._known_now()
         now = datetime.now(UTC)
         count = 0
@@ -403,7 +397,7 @@ class Loader:
         self.client.insert(table, rows, column_names=list(TABLE_COLUMNS[table]))
         if table == "raw_events" and self.rollup:
             # after the raw insert, before the commit: a replay recomputes the same unit rows
-            recomputed = rollup.feed(self.client, rows, may_add=self._may_add if self.incremental_rollup else None)
+            recomputed = rollup.feed(self.client, rows)
             self.stats.rollup_units += sum(recomputed.values())
         self.stats.loaded[table] += len(rows)
 
@@ -423,26 +417,6 @@ class Loader:
             )
         message = f"{table}: {type(error).__name__}: {' '.join(str(error).split())[:400]}"
         return _DeadLetter(origin.topic, origin.partition, origin.offset, Rejection("$store", message), origin.raw)
-
-    def _may_add(self) -> bool:
-        """Whether the rollup may add this batch to unit rows: this loader owns every partition
-        of its event topics and polled recently, so no other loader writes the units it
-        touches. A loader sharing its group recomputes the units instead (two read-add-writes
-        of one unit could lose one). Hand-overs stay safe: a rebalance completes only once every member has
-        finished its batch and rejoined, and what a member had not committed is delivered again,
-        which the rollup recomputes rather than adds. A loader that has not polled for a while
-        (a stall, a store outage retried) may have been evicted from its group without knowing
-        it, so it recomputes too."""
-        if self._consumer is None or time.monotonic() - self._polled_at > _ADD_WITHIN_S:
-            return False
-        owned = {(tp.topic, tp.partition) for tp in self._consumer.assignment()}
-        for topic in self.topics:
-            if topic == self.windows_topic:
-                continue
-            partitions = self._consumer.partitions_for_topic(topic)
-            if not partitions or any((topic, p) not in owned for p in partitions):
-                return False
-        return True
 
     def _check_partition_counts(self) -> None:
         """Warn once when the event topics' partition counts differ: a trace's events could

@@ -8,7 +8,7 @@ dimension, value) for every dimension the unit's requests carry — so a new mea
 dimension needs no code or migration. Which custom metrics the rollup can serve is stated
 once, in :mod:`ablab.platform.stats.unit_agg` (``rollup_unsupported``).
 
-For each batch the loader:
+Idempotence comes from recomputation, not accumulation. For each batch the loader:
 
 1. inserts the batch's inference events into ``rollup_events`` (ordered by experiment, unit)
    and its inference pointers, labels and billing records into ``rollup_traces`` (ordered by
@@ -18,24 +18,13 @@ For each batch the loader:
 2. finds the units the batch touched: the inference events' units, plus, for labels and
    billing records, the unit of their trace (looked up by ``trace_id`` in ``rollup_traces``;
    a label that arrives before its inference event is picked up when that event arrives);
-3. writes those units' ``unit_stats`` rows (ReplacingMergeTree on ``computed_at``: the newest
-   row wins), in one of two ways:
+3. recomputes those units' ``unit_stats`` and ``unit_segment_stats`` rows from ``rollup_events``/``rollup_labels`` read with
+   ``FINAL`` (primary-key ranges of the touched units only) and
+   inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
 
-   - **incremental** (a loader that owns every partition, so no other writer touches its
-     units): the unit's current row plus what the batch adds — its new requests, and for a
-     request loaded earlier whose label or bill arrived now, the request as it is now minus
-     as it was. The cost is the batch's, not the unit's history. Before inserting, the loader
-     looks up which of the batch's events are already stored: a unit with one (a replay,
-     after a crash between the writes and the offset commit) is recomputed instead, so a
-     replay is never added twice;
-   - **recompute**: the unit's rows from ``rollup_events``/``rollup_labels`` read with
-     ``FINAL`` (primary-key ranges of the touched units only). Used for replays, by loaders
-     sharing a group, for experiments that keep ``unit_segment_stats`` (a new dimension moves
-     every earlier request of the unit into its "(none)" row), and by the maintenance step.
-
-Only after that does it commit the Kafka offsets. A crash at any point replays the batch, and
-the replay recomputes the units it touches from the stored events: nothing is added to a
-running total twice, and nothing is lost.
+Only after that does it commit the Kafka offsets. A crash at any point replays the batch,
+which rewrites the same rows and the same unit values: nothing is added to a running
+total, so nothing is double-counted or lost.
 
 ``good`` (goodput) depends on the experiment's SLOs, which live in the registry. They are
 written to ``rollup_slos`` when an experiment is created or changed and by the monitor's
@@ -49,7 +38,7 @@ from __future__ import annotations
 
 import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ablab.platform.stats.sufficient import histogram_bucket_sql
@@ -124,22 +113,15 @@ _MATCH_SQL = """
 """
 
 
-def feed(client: "Client", raw_rows: Sequence[Sequence[Any]], *, may_add: Callable[[], bool] | None = None) -> dict[str, int]:
-    """Steps 1–3 of the module docstring for one batch; returns units updated per experiment.
+def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
+    """Steps 1–3 of the module docstring for one batch; returns units recomputed per experiment.
 
     Call it after the batch's ``raw_events`` insert and before the offset commit. Labels and
     billing records are placed at their unit (``rollup_labels``) as soon as both they and their
     trace's inference pointer are loaded, in whichever batch completes the pair, so a unit's
-    update reads primary-key ranges only.
-
-    ``may_add``: asked before the batch and again right before each incremental write; while it
-    answers True the batch is added to each unit's row instead of recomputing the unit from
-    its whole history (see :func:`_increment`). The caller answers True only while it is the
-    sole writer of the units (a loader owning every partition, recently polled). Units with an
-    event of the batch already stored (a replay) are recomputed either way.
+    recompute reads primary-key ranges only.
     """
     unit_rows, fact_rows, units, traces = split_batch(raw_rows)
-    replayed = _stored_before(client, unit_rows, fact_rows) if may_add is not None and may_add() else None
     if unit_rows:
         client.insert("rollup_events", unit_rows, column_names=list(ROLLUP_EVENT_COLUMNS))
     if fact_rows:
@@ -157,96 +139,17 @@ def feed(client: "Client", raw_rows: Sequence[Sequence[Any]], *, may_add: Callab
     pairs = sorted(pairs)
     for i in range(0, len(pairs), _UNITS_PER_RECOMPUTE):
         client.command(_MATCH_SQL, parameters={"traces": pairs[i:i + _UNITS_PER_RECOMPUTE]})
-    # the request each label/bill of the batch belongs to, where it is loaded
-    pointers: dict[str, set[tuple[str, str, str]]] = defaultdict(set)
     if traces:
-        for trace, exp, unit, event in client.query(
-            "SELECT DISTINCT trace_id, toString(experiment), unit_id, event_id FROM rollup_traces "
+        found = client.query(
+            "SELECT DISTINCT toString(experiment), unit_id FROM rollup_traces "
             "WHERE type = 'inference' AND trace_id IN {traces:Array(String)}",
             parameters={"traces": sorted(traces)},
-        ).result_rows:
-            pointers[trace].add((exp, unit, event))
+        ).result_rows
+        for exp, unit in found:
             units[exp].add(unit)
-    if replayed is None:
-        for exp, touched in units.items():
-            recompute_units(client, exp, sorted(touched))
-        return {exp: len(touched) for exp, touched in units.items()}
-    return _increment(client, unit_rows, fact_rows, units, pointers, replayed, may_add)
-
-
-def _stored_before(client: "Client", unit_rows: Sequence[tuple[Any, ...]],
-                   fact_rows: Sequence[tuple[Any, ...]]) -> tuple[set[tuple[str, str]], set[str]]:
-    """(experiment, unit) pairs with an inference event of the batch already stored, and
-    traces with a label/bill of the batch already stored: what a replay delivers again."""
-    units: set[tuple[str, str]] = set()
-    by_exp: dict[str, tuple[set[str], set[str]]] = defaultdict(lambda: (set(), set()))
-    for r in unit_rows:
-        by_exp[r[0]][0].add(r[1])
-        by_exp[r[0]][1].add(r[2])
-    for exp, (unit_ids, event_ids) in by_exp.items():
-        units.update((exp, u) for (u,) in client.query(
-            "SELECT DISTINCT unit_id FROM rollup_events WHERE experiment = {experiment:String} "
-            "AND unit_id IN {units:Array(String)} AND event_id IN {events:Array(String)}",
-            parameters={"experiment": exp, "units": sorted(unit_ids), "events": sorted(event_ids)},
-        ).result_rows)
-    facts = [r for r in fact_rows if r[1] != "inference"]
-    traces: set[str] = set()
-    if facts:
-        traces = {t for (t,) in client.query(
-            "SELECT DISTINCT trace_id FROM rollup_traces WHERE type IN ('feedback', 'cost') "
-            "AND trace_id IN {traces:Array(String)} AND event_id IN {events:Array(String)}",
-            parameters={"traces": sorted({r[0] for r in facts}), "events": sorted({r[2] for r in facts})},
-        ).result_rows}
-    return units, traces
-
-
-def _increment(client: "Client", unit_rows: Sequence[tuple[Any, ...]], fact_rows: Sequence[tuple[Any, ...]],
-               units: Mapping[str, set[str]], pointers: Mapping[str, set[tuple[str, str, str]]],
-               replayed: tuple[set[tuple[str, str]], set[str]], may_add: Callable[[], bool]) -> dict[str, int]:
-    """Add the batch to each touched unit's row; recompute the units a replay touched and
-    those of experiments that keep segment rows (a new dimension changes every request's
-    "(none)" membership, which is no sum of the batch)."""
-    replayed_units, replayed_traces = replayed
-    replayed_units = replayed_units | {(exp, unit) for t in replayed_traces for exp, unit, _ in pointers.get(t, ())}
-    # per (experiment, unit): the batch's new requests, requests loaded before whose label or
-    # bill arrived now, and the traces of both (the labels read stay within them)
-    new_events: dict[tuple[str, str], set[str]] = defaultdict(set)
-    relabeled: dict[tuple[str, str], set[str]] = defaultdict(set)
-    unit_traces: dict[tuple[str, str], set[str]] = defaultdict(set)
-    for r in unit_rows:
-        new_events[(r[0], r[1])].add(r[2])
-        unit_traces[(r[0], r[1])].add(r[3])
-    batch_traces = {r[3] for r in unit_rows}
-    facts = [r for r in fact_rows if r[1] != "inference"]
-    for r in facts:
-        if r[0] in batch_traces:
-            continue  # its request is new in this batch: counted with every label loaded so far
-        for exp, unit, event in pointers.get(r[0], ()):
-            relabeled[(exp, unit)].add(event)
-            unit_traces[(exp, unit)].add(r[0])
-    new_facts = sorted({r[2] for r in facts})
-    done: dict[str, int] = {}
+    done = {}
     for exp, touched in units.items():
-        key, bounds = current_slos(client, exp)
-        keep_all = key_keeps_segments(key) or not may_add()
-        full = sorted(touched) if keep_all else sorted(u for u in touched if (exp, u) in replayed_units)
-        if full:
-            recompute_units(client, exp, full)
-        rest = sorted(set(touched) - set(full))
-        slo = {"experiment": exp, "slo_key": key, **{f"slo_{c}": b for c, b in bounds.items()}, "new_facts": new_facts}
-        for i in range(0, len(rest), _UNITS_PER_RECOMPUTE):
-            chunk = [(exp, u) for u in rest[i:i + _UNITS_PER_RECOMPUTE]]
-            params = {
-                **slo, "units": [u for _, u in chunk],
-                "new_events": sorted(e for k in chunk for e in new_events.get(k, ())),
-                "relabeled": sorted(e for k in chunk for e in relabeled.get(k, ())),
-                "traces": sorted(t for k in chunk for t in unit_traces.get(k, ())),
-            }
-            with batch_lock:
-                if may_add():
-                    client.command(_INCREMENT_SQL, parameters=params)
-                else:  # no longer the sole writer (a rebalance, a long stall): recompute
-                    recompute_units(client, exp, params["units"])
+        recompute_units(client, exp, sorted(touched))
         done[exp] = len(touched)
     return done
 
@@ -289,35 +192,25 @@ batch_lock = threading.RLock()
 
 STALE_SQL = f"(slo_key != {{key:String}} OR rollup_version < {ROLLUP_VERSION})"
 
-# The unit's columns, from the per-request rows of _inner_sql (valid: what the raw scan counts).
-# Every row carries a sign and a base flag. A full recompute has sign 1 and base 1 everywhere.
-# An incremental step adds, for a request whose label or bill arrived in the batch, the row as
-# it is now (sign 1) and as it was (sign -1), both with base 0: their latencies are NULL and
-# their catalogue values 0, so only what a label or a bill changes (cost, labels, score,
-# correct) moves, and every count cancels exactly.
-_SUMS_SQL = """sum(base),
-               toFloat64(sumIf(sign, valid)), toFloat64(sumIf(sign, valid AND is_error)),
+# the unit's columns, from the per-request rows of _inner_sql (valid: what the raw scan counts)
+_SUMS_SQL = """count(),
+               toFloat64(countIf(valid)), toFloat64(countIf(valid AND is_error)),
                sumIf(ifNull(e2e_ms, 0), valid), toFloat64(countIf(valid AND e2e_ms IS NOT NULL)),
                sumIf(ifNull(e2e_ms, 0) * ifNull(e2e_ms, 0), valid),
                sumIf(ifNull(ttft_ms, 0), valid), toFloat64(countIf(valid AND ttft_ms IS NOT NULL)),
                sumIf(ifNull(ttft_ms, 0) * ifNull(ttft_ms, 0), valid),
                sumIf(ifNull(tpot_ms, 0), valid), toFloat64(countIf(valid AND tpot_ms IS NOT NULL)),
-               sumIf(sign * cost, valid),
-               toFloat64(sumIf(sign, valid AND has_label)), sumIf(sign * ifNull(label, 0), valid AND has_label),
-               sumIf(sign * cost, valid AND has_label),
-               toFloat64(sumIf(sign, valid AND good)),
-               sumMapIf(mapApply((k, v) -> (k, v * sign), src), valid),
-               sumMapIf(mapApply((k, v) -> (k, toFloat64(sign)), src), valid),
-               sumMapIf(mapApply((k, v) -> (k, v * v * sign), src), valid),
-               sumMapIf(mapApply((k, v) -> (k, cost * sign), src), valid)"""
+               sumIf(cost, valid),
+               toFloat64(countIf(valid AND has_label)), sumIf(ifNull(label, 0), valid AND has_label),
+               sumIf(cost, valid AND has_label),
+               toFloat64(countIf(valid AND good)),
+               sumMapIf(src, valid), sumMapIf(mapApply((k, v) -> (k, 1.0), src), valid),
+               sumMapIf(mapApply((k, v) -> (k, v * v), src), valid), sumMapIf(mapApply((k, v) -> (k, cost), src), valid)"""
 
 
-def _inner_sql(where: str, *, segments: bool, events: str = "", labels: str = "", base: bool = True, sign: int = 1) -> str:
+def _inner_sql(where: str, *, segments: bool) -> str:
     """One row per loaded request of the units: its sources (``src``: present nullable
-    sources by name, measures as ``measures.<name>``), validity, ``good`` and cost.
-
-    ``events`` and ``labels`` narrow which requests and which labels/bills are read (both within
-    ``where``); ``base`` and ``sign`` as above ``_SUMS_SQL``."""
+    sources by name, measures as ``measures.<name>``), validity, ``good`` and cost."""
     valid = "((e.e2e_ms IS NULL OR e.e2e_ms >= 0) AND (e.ttft_ms IS NULL OR e.ttft_ms >= 0))"
     good = (
         "(e.is_error = 0"
@@ -326,51 +219,36 @@ def _inner_sql(where: str, *, segments: bool, events: str = "", labels: str = ""
         # one output token: no TPOT, cannot break its SLO (as in the raw scan)
         " AND (isNull({slo_tpot_ms:Nullable(Float64)}) OR e.tpot_ms IS NULL OR e.tpot_ms <= {slo_tpot_ms:Nullable(Float64)}))"
     )
-    keep = "" if base else " * 0"  # NaN (absent) stays NaN: presence still counts, values cancel
     names = [*NULLABLE_SOURCES, "score", "correct"]
-    values = [f"toFloat64(ifNull(e.{c}, nan)){keep}" for c in NULLABLE_SOURCES] + ["ifNull(l.score, nan)", "ifNull(l.label, nan)"]
-    measures = "mapValues(e.measures)" if base else "arrayMap(v -> v * 0, mapValues(e.measures))"
+    values = [f"toFloat64(ifNull(e.{c}, nan))" for c in NULLABLE_SOURCES] + ["ifNull(l.score, nan)", "ifNull(l.label, nan)"]
     src = (
         "mapFilter((k, v) -> NOT isNaN(v), mapFromArrays("
         f"arrayConcat([{', '.join(repr(n) for n in names)}], arrayMap(k -> concat('measures.', k), mapKeys(e.measures))), "
-        f"arrayConcat([{', '.join(values)}], {measures})))"
+        f"arrayConcat([{', '.join(values)}], mapValues(e.measures))))"
     )
-    latency = {c: f"e.{c}" if base else "CAST(NULL AS Nullable(Float64))" for c in SLO_COLUMNS}
     seg = (", e.dims AS dims, groupUniqArrayArray(mapKeys(e.dims)) OVER (PARTITION BY e.unit_id) AS unit_dims"
            if segments else "")
-    ev = f" AND {events}" if events else ""
-    lab = f" AND {labels}" if labels else ""
     return f"""
-            SELECT toString(e.variant) AS variant, e.unit_id AS unit_id, e.ts AS ts, toInt8({sign}) AS sign,
-                   toUInt64({int(base)}) AS base,
-                   {latency["e2e_ms"]} AS e2e_ms, {latency["ttft_ms"]} AS ttft_ms, {latency["tpot_ms"]} AS tpot_ms,
+            SELECT toString(e.variant) AS variant, e.unit_id AS unit_id, e.ts AS ts,
+                   e.e2e_ms AS e2e_ms, e.ttft_ms AS ttft_ms, e.tpot_ms AS tpot_ms,
                    {valid} AS valid, e.is_error = 1 AS is_error, {good} AS good,
                    toFloat64(ifNull(if(b.has = 1, b.billed, e.cost_usd), 0)) AS cost,
                    l.label IS NOT NULL AS has_label, l.label AS label,
                    {src} AS src,
-                   toUInt16({histogram_bucket_sql(f"ifNull({latency['e2e_ms']}, -1)")}) AS hb_e2e,
-                   toUInt16({histogram_bucket_sql(f"ifNull({latency['ttft_ms']}, -1)")}) AS hb_ttft{seg}
-            FROM (SELECT * FROM rollup_events FINAL WHERE {where}{ev}) AS e
+                   toUInt16({histogram_bucket_sql("ifNull(e.e2e_ms, -1)")}) AS hb_e2e,
+                   toUInt16({histogram_bucket_sql("ifNull(e.ttft_ms, -1)")}) AS hb_ttft{seg}
+            FROM (SELECT * FROM rollup_events FINAL WHERE {where}) AS e
             LEFT JOIN (
                 SELECT trace_id, sum(cost_usd) AS billed, toUInt8(1) AS has FROM rollup_labels FINAL
-                WHERE {where}{lab} AND type = 'cost' AND cost_usd IS NOT NULL GROUP BY trace_id
+                WHERE {where} AND type = 'cost' AND cost_usd IS NOT NULL GROUP BY trace_id
             ) AS b ON b.trace_id = e.trace_id
             LEFT JOIN (  -- the latest label carrying each field (by event time), as the raw scan takes it
                 SELECT trace_id,
                        if(countIf(correct IS NOT NULL) > 0, toFloat64(argMaxIf(assumeNotNull(correct), ts, correct IS NOT NULL)), NULL) AS label,
                        if(countIf(score IS NOT NULL) > 0, argMaxIf(assumeNotNull(score), ts, score IS NOT NULL), NULL) AS score
                 FROM rollup_labels FINAL
-                WHERE {where}{lab} AND type = 'feedback' GROUP BY trace_id
+                WHERE {where} AND type = 'feedback' GROUP BY trace_id
             ) AS l ON l.trace_id = e.trace_id"""
-
-
-_UNIT_COLUMNS = (
-    "experiment, variant, unit_id, events, {cols}, e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, "
-    "min_ts, max_ts, slo_key, rollup_version, computed_at"
-)
-_HISTOGRAMS_SQL = """(sumMapIf([hb_e2e], [toUInt64(e2e_ms IS NOT NULL)], valid) AS h_e2e).1, h_e2e.2,
-               (sumMapIf([hb_ttft], [toUInt64(ttft_ms IS NOT NULL)], valid) AS h_ttft).1, h_ttft.2,
-               if(countIf(valid) > 0, minIf(ts, valid), min(ts)), if(countIf(valid) > 0, maxIf(ts, valid), max(ts))"""
 
 
 def _recompute_sql(units_given: bool) -> tuple[str, str]:
@@ -378,9 +256,12 @@ def _recompute_sql(units_given: bool) -> tuple[str, str]:
     where = "experiment = {experiment:String}" + (" AND unit_id IN {units:Array(String)}" if units_given else "")
     cols = f"{', '.join(ROLLUP_SUMS)}, {', '.join(ROLLUP_MAPS)}"
     units = f"""
-        INSERT INTO unit_stats ({_UNIT_COLUMNS.format(cols=cols)})
+        INSERT INTO unit_stats (experiment, variant, unit_id, events, {cols},
+                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
         SELECT {{experiment:String}}, variant, unit_id, {_SUMS_SQL},
-               {_HISTOGRAMS_SQL},
+               (sumMapIf([hb_e2e], [toUInt64(e2e_ms IS NOT NULL)], valid) AS h_e2e).1, h_e2e.2,
+               (sumMapIf([hb_ttft], [toUInt64(ttft_ms IS NOT NULL)], valid) AS h_ttft).1, h_ttft.2,
+               if(countIf(valid) > 0, minIf(ts, valid), min(ts)), if(countIf(valid) > 0, maxIf(ts, valid), max(ts)),
                {{slo_key:String}}, {ROLLUP_VERSION}, now64(6)
         FROM ({_inner_sql(where, segments=False)})
         GROUP BY variant, unit_id
@@ -397,47 +278,6 @@ def _recompute_sql(units_given: bool) -> tuple[str, str]:
         SETTINGS join_use_nulls = 0
     """
     return units, segments
-
-
-def _increment_sql() -> str:
-    """The unit_stats insert of one incremental step: each unit's current row plus what the
-    batch adds (its new requests, and the change its new labels and bills make to requests
-    loaded before). The row keeps its own ``slo_key``: a row computed under old SLOs stays
-    stale for the maintenance step to recompute, whatever was added to it."""
-    where = "experiment = {experiment:String} AND unit_id IN {units:Array(String)}"
-    traces = "trace_id IN {traces:Array(String)}"  # the requests' traces: labels read stay within the batch's
-    added = " UNION ALL ".join((
-        _inner_sql(where, segments=False, events="event_id IN {new_events:Array(String)}", labels=traces),
-        _inner_sql(where, segments=False, events="event_id IN {relabeled:Array(String)}", labels=traces, base=False),
-        _inner_sql(where, segments=False, events="event_id IN {relabeled:Array(String)}",
-                   labels=f"{traces} AND event_id NOT IN {{new_facts:Array(String)}}", base=False, sign=-1),
-    ))
-    cols = f"{', '.join(ROLLUP_SUMS)}, {', '.join(ROLLUP_MAPS)}"
-    as_map = ", ".join(f"CAST({m}, 'Map(String, Float64)') AS {m}" for m in ROLLUP_MAPS)
-    sums = ", ".join(f"sum({c})" for c in ROLLUP_SUMS)
-    maps = ", ".join(f"sumMap({m})" for m in ROLLUP_MAPS)
-    return f"""
-        INSERT INTO unit_stats ({_UNIT_COLUMNS.format(cols=cols)})
-        SELECT {{experiment:String}}, variant, unit_id, sum(events), {sums}, {maps},
-               (sumMap(e2e_buckets, e2e_counts) AS h_e2e).1, h_e2e.2,
-               (sumMap(ttft_buckets, ttft_counts) AS h_ttft).1, h_ttft.2,
-               if(sum(requests) > 0, minIf(min_ts, requests > 0), min(min_ts)),
-               if(sum(requests) > 0, maxIf(max_ts, requests > 0), max(max_ts)),
-               argMin(slo_key, part), argMin(rollup_version, part), now64(6)
-        FROM (
-            SELECT 0 AS part, toString(variant) AS variant, unit_id, events, {', '.join(ROLLUP_SUMS)}, {as_map},
-                   e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version
-            FROM unit_stats FINAL WHERE {where}
-            UNION ALL
-            SELECT 1, variant, unit_id, {_SUMS_SQL}, {_HISTOGRAMS_SQL}, {{slo_key:String}}, toUInt8({ROLLUP_VERSION})
-            FROM ({added}) GROUP BY variant, unit_id
-        )
-        GROUP BY variant, unit_id
-        SETTINGS join_use_nulls = 0
-    """
-
-
-_INCREMENT_SQL = _increment_sql()
 
 
 def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:

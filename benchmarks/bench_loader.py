@@ -2,6 +2,11 @@
 
     .venv/bin/python benchmarks/bench_loader.py --requests 100000 --variants rollup,no-rollup,poll-only
     .venv/bin/python benchmarks/bench_loader.py --variants rollup --loaders 1,2
+    .venv/bin/python benchmarks/bench_loader.py --variants rollup --units 1000
+
+``--units`` sets how many users the requests come from: fewer units, longer histories (100,000
+requests over 1,000 units is 100 requests per unit by the end of the drain), which the
+rollup's per-unit recompute reads.
 
 Pre-fills fresh topics with ``--requests`` requests' events (inference and RUM for each, a
 label for ``--label-rate`` of them, i.e. ~2.5 events per request), then drains them with
@@ -42,7 +47,7 @@ from rich.table import Table
 VARIANTS = ("rollup", "no-rollup", "poll-only")
 
 
-def _events(requests: int, *, label_rate: float, seed: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
+def _events(requests: int, *, units: int, label_rate: float, seed: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
     rng = random.Random(seed)
     start = datetime.now(UTC) - timedelta(hours=1)
     inference, rum, feedback = [], [], []
@@ -54,7 +59,7 @@ def _events(requests: int, *, label_rate: float, seed: int) -> tuple[list[bytes]
         variant = "ab"[i % 2]
         inference.append(json.dumps({
             "v": 1, "type": "inference", "event_id": f"i-{trace}", "trace_id": trace, "ts": ts, "experiment": "bench",
-            "variant": variant, "unit_id": f"u{rng.randrange(20_000)}", "ttft_ms": ttft, "e2e_ms": e2e, "tpot_ms": 2.5,
+            "variant": variant, "unit_id": f"u{rng.randrange(units)}", "ttft_ms": ttft, "e2e_ms": e2e, "tpot_ms": 2.5,
             "prompt_tokens": 100, "output_tokens": 20, "device_s": e2e / 1000, "cost_usd": 1e-5, "price_version": "p1",
             "strategy": "s",
         }, separators=(",", ":")).encode())
@@ -146,6 +151,7 @@ def _run_variant(variant: str, loaders: int, *, bootstrap: str, topics: dict[str
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000, help="requests to pre-fill (~2.5 events each)")
+    parser.add_argument("--units", type=int, default=20_000, help="users the requests come from (fewer: longer histories)")
     parser.add_argument("--label-rate", type=float, default=0.5, help="fraction of requests that get a label")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
     parser.add_argument("--loaders", default="1", help="comma-separated loader counts per variant (one group each)")
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     prefix = f"bl-{uuid.uuid4().hex[:6]}"
     topics = {kind: f"{prefix}.{kind}" for kind in ("inference", "rum", "feedback")}
     create_topics(bootstrap=bootstrap, specs=tuple(TopicSpec(name, 3) for name in topics.values()))
-    inference, rum, feedback = _events(args.requests, label_rate=args.label_rate, seed=7)
+    inference, rum, feedback = _events(args.requests, units=args.units, label_rate=args.label_rate, seed=7)
     payloads = {"inference": inference, "rum": rum, "feedback": feedback}
     total = sum(map(len, payloads.values()))
     results = []
@@ -193,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if broker is not None:
             stop_broker(directory=broker.directory)
     load = os.getloadavg()
-    table = Table(title=f"loader drain, {total:,} events ({args.requests:,} requests), load {load[0]:.1f}")
+    table = Table(title=f"loader drain, {total:,} events ({args.requests:,} requests from {args.units:,} units), load {load[0]:.1f}")
     for col in ("variant", "events/s", "CPU-s / 1k events", "loaded rows", "batches", "vs first"):
         table.add_column(col, justify="right")
     base = results[0]["events_per_s"] if results else 1.0

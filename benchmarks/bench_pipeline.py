@@ -112,6 +112,8 @@ def main() -> None:
                         help="producer library of the load generators (kafka-python tops out near 30 k/s per "
                              "process idle, far less on a loaded box)")
     parser.add_argument("--heap", default="-Xmx1g", help="JVM_ARGS of the Flink job")
+    parser.add_argument("--loader-batch-s", type=float, default=None,
+                        help="the loader's batch_max_s (default: the loader's own): longer batches, fewer statements")
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds of the same traffic (another experiment) before the clock starts")
     args = parser.parse_args()
@@ -134,8 +136,9 @@ def main() -> None:
     topics.create(bootstrap=bootstrap)
     job = FlinkProcess(job_config(topics, bootstrap=bootstrap, checkpoint_dir=workdir / "ckpt", idle_timeout_s=5.0),
                        log_path=workdir / "flink.log", heap=args.heap).start()
+    batching = {} if args.loader_batch_s is None else {"batch_max_s": args.loader_batch_s}
     loader = Loader(store, bootstrap, group_id=f"{topics.prefix}-loader", topics=(topics.inference, topics.windows),
-                    windows_topic=topics.windows, deadletter_topic=topics.deadletter)
+                    windows_topic=topics.windows, deadletter_topic=topics.deadletter, **batching)
     stop = threading.Event()
     thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
     thread.start()
@@ -211,7 +214,7 @@ def main() -> None:
         print("CPU per event: " + ", ".join(f"{part} {us:.1f} µs" for part, us in per_event.items())
               + f"; total {sum(per_event.values()):.1f} µs, i.e. {sum(per_event.values()) * 30_000 / 1e6:.2f} cores "
               f"for 30,000 events/s")
-        print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches}; load average 1 min "
+        print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches} (batch_max_s {loader.batch_max_s}); load average 1 min "
               f"{load_sending:.2f} at the end of sending, {os.getloadavg()[0]:.2f} now; producers: {args.client}")
     finally:
         job.stop()

@@ -3,10 +3,14 @@
     .venv/bin/python benchmarks/bench_loader.py --requests 100000 --variants rollup,no-rollup,poll-only
     .venv/bin/python benchmarks/bench_loader.py --variants rollup --loaders 1,2
     .venv/bin/python benchmarks/bench_loader.py --variants rollup --units 1000
+    .venv/bin/python benchmarks/bench_loader.py --variants rollup --batch-records 2000,5000,20000 --batch-s 60
 
 ``--units`` sets how many users the requests come from: fewer units, longer histories (100,000
 requests over 1,000 units is 100 requests per unit by the end of the drain), which the
-rollup's per-unit recompute reads.
+rollup's per-unit recompute reads. ``--batch-records`` sets the loader's largest batch (a drain
+of pre-filled topics fills it unless ``--batch-s``, the loader's longest batch, ends it first):
+each batch pays a fixed cost per statement, so this shows what a live loader's batch length
+is worth.
 
 Pre-fills fresh topics with ``--requests`` requests' events (inference and RUM for each, a
 label for ``--label-rate`` of them, i.e. ~2.5 events per request), then drains them with
@@ -45,6 +49,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 VARIANTS = ("rollup", "no-rollup", "poll-only")
+DEFAULT_BATCH = 20_000  # the Loader's batch_max_records default
 
 
 def _events(requests: int, *, units: int, label_rate: float, seed: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
@@ -87,16 +92,19 @@ def _fill(bootstrap: str, topics: dict[str, str], payloads: dict[str, list[bytes
     producer.close()
 
 
-def _drain(variant: str, loaders: int, bootstrap: str, topics: dict[str, str], total: int, home: str, consumed, out) -> None:
+def _drain(variant: str, loaders: int, batch: int, batch_s: float | None, bootstrap: str, topics: dict[str, str], total: int, home: str,
+           consumed, out) -> None:
     """One variant in its own process (chDB holds one data directory per process)."""
     from ablab.streaming.loader.service import Loader
     from ablab.streaming.store import apply_ddl, make_client
 
-    store = make_client(f"chdb://{Path(home) / f'{variant}-{loaders}'}")
+    store = make_client(f"chdb://{Path(home) / f'{variant}-{loaders}-{batch}'}")
     apply_ddl(store)
     group = f"bench-loader-{variant}-{uuid.uuid4().hex[:6]}"
     members = [Loader(store, bootstrap, group_id=group, topics=tuple(topics.values()), known_experiments=lambda: {"bench"},
-                      rollup=variant == "rollup", batch_lock=threading.RLock()) for _ in range(loaders)]
+                      rollup=variant == "rollup", batch_lock=threading.RLock(), batch_max_records=batch,
+                      **({} if batch_s is None else {"batch_max_s": batch_s}))
+               for _ in range(loaders)]
     if variant == "poll-only":
         for loader in members:
             def discard(loader: Loader = loader) -> None:
@@ -124,19 +132,19 @@ def _drain(variant: str, loaders: int, bootstrap: str, topics: dict[str, str], t
     cpu = time.process_time() - cpu0
     elapsed = done_at - (first_at or done_at)
     done = sum(loader.stats.consumed for loader in members)
-    out.put({"variant": f"{variant} ×{loaders}", "consumed": done,
+    out.put({"variant": f"{variant} ×{loaders}" + (f", {batch:,}/batch" if batch != DEFAULT_BATCH else ""), "consumed": done,
              "loaded": sum(sum(loader.stats.loaded.values()) for loader in members),
              "seconds": elapsed, "events_per_s": done / elapsed if elapsed else float("nan"),
              "cpu_s_per_1k": 1000 * cpu / max(1, done), "batches": sum(loader.stats.batches for loader in members),
              "rollup_units": sum(loader.stats.rollup_units for loader in members)})
 
 
-def _run_variant(variant: str, loaders: int, *, bootstrap: str, topics: dict[str, str], total: int, home: Path,
+def _run_variant(variant: str, loaders: int, batch: int, batch_s: float | None, *, bootstrap: str, topics: dict[str, str], total: int, home: Path,
                  progress: Progress) -> dict:
     ctx = multiprocessing.get_context("spawn")
     consumed, out = ctx.Value("q", 0), ctx.Queue()
     task = progress.add_task(f"{variant} ×{loaders}", total=total)
-    proc = ctx.Process(target=_drain, args=(variant, loaders, bootstrap, topics, total, str(home), consumed, out),
+    proc = ctx.Process(target=_drain, args=(variant, loaders, batch, batch_s, bootstrap, topics, total, str(home), consumed, out),
                        daemon=True)
     proc.start()
     while proc.is_alive() and out.empty():
@@ -155,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--label-rate", type=float, default=0.5, help="fraction of requests that get a label")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, from {', '.join(VARIANTS)}")
     parser.add_argument("--loaders", default="1", help="comma-separated loader counts per variant (one group each)")
+    parser.add_argument("--batch-records", default=str(DEFAULT_BATCH),
+                        help="comma-separated largest batch sizes per variant (the loader's batch_max_records)")
+    parser.add_argument("--batch-s", type=float, default=None,
+                        help="the loader's batch_max_s (default: its own); a long one lets --batch-records decide")
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start one in a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures as JSON here")
     args = parser.parse_args(argv)
@@ -168,6 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--loaders: expected comma-separated integers, got {args.loaders!r}")
     if not counts or min(counts) < 1 or max(counts) > 3:
         parser.error("--loaders: each count must be 1, 2 or 3 (the topics have 3 partitions)")
+    try:
+        batches = [int(n) for n in args.batch_records.split(",") if n]
+    except ValueError:
+        parser.error(f"--batch-records: expected comma-separated integers, got {args.batch_records!r}")
+    if not batches or min(batches) < 1:
+        parser.error("--batch-records: each size must be at least 1")
 
     from ablab.streaming.kafka.broker import BrokerConfig, free_port, start_broker, stop_broker
     from ablab.streaming.kafka.topics import TopicSpec, create_topics
@@ -192,8 +210,8 @@ def main(argv: list[str] | None = None) -> int:
         with Progress(*columns, console=console) as progress:
             _fill(bootstrap, topics, payloads, progress)
             for variant in variants:
-                for n in counts:
-                    results.append(_run_variant(variant, n, bootstrap=bootstrap, topics=topics, total=total, home=work,
+                for n, batch in ((n, b) for n in counts for b in batches):
+                    results.append(_run_variant(variant, n, batch, args.batch_s, bootstrap=bootstrap, topics=topics, total=total, home=work,
                                                 progress=progress))
     finally:
         if broker is not None:

@@ -116,6 +116,26 @@ def _click(pg, name: str) -> None:
     _settle(pg)
 
 
+def _set_slider(pg, label: str, value: int) -> int:
+    """Bring a slider to ``value`` from the keyboard, as a user would, and return where it was.
+
+    Once in a cold CI run both the traffic and the weight slider were at their minimum when
+    the form was sent (the screenshot taken just before showed it), with no key or click aimed
+    at them; setting them last and asserting what the API stored keeps that from passing
+    silently or failing far away, at the results page's SRM check."""
+    thumb = pg.get_by_role("slider", name=label)
+    was = int(float(thumb.input_value()))
+    for _ in range(5):
+        now = int(float(thumb.input_value()))
+        if now == value:
+            return was
+        key = "ArrowRight" if now < value else "ArrowLeft"
+        for _ in range(abs(value - now)):
+            thumb.press(key)
+        _settle(pg)
+    raise AssertionError(f"slider {label!r} stays at {thumb.input_value()}, wanted {value}")
+
+
 def test_sign_in_create_start_and_read_results(stack, page, shots):
     from playwright.sync_api import expect
 
@@ -150,6 +170,9 @@ def test_sign_in_create_start_and_read_results(stack, page, shots):
     precision.press("Enter")
     expect(pg.get_by_role("option", name="int8", exact=True)).to_have_count(0)  # the list closed on a choice
     _settle(pg)
+    split = {label: _set_slider(pg, label, want)
+             for label, want in (("Traffic (% of eligible units)", 100), ("Weight of variant 1 (%)", 50))}
+    print(f"sliders before they were set: {split}")
 
     time.sleep(1)
     _tall_screenshot(pg, shots / "create.png", 2400)
@@ -160,7 +183,8 @@ def test_sign_in_create_start_and_read_results(stack, page, shots):
         exp = client.get(f"/v1/experiments/{FORM_KEY}").json()
     assert exp["name"] == "INT8 rollout" and exp["status"] == "draft"
     assert {v["key"]: v["strategy"]["precision"] for v in exp["variants"]} == {"control": "fp32", "int8": "int8"}
-    assert sum(v["weight"] for v in exp["variants"]) == 100
+    assert exp["traffic"] == 1.0
+    assert {v["key"]: v["weight"] for v in exp["variants"]} == {"control": 50, "int8": 50}
 
     _click(pg, "▶️ Start")
     expect(pg.get_by_role("button", name="Yes, start")).to_be_visible()  # nothing happens before confirming

@@ -122,13 +122,13 @@ def _drain(variant: str, loaders: int, batch: int, batch_s: float | None, bootst
         consumed.value = done
         if first_at is None and any(loader._consumer is not None and loader._consumer.assignment() for loader in members):
             first_at = time.monotonic()  # the clock starts when the group has given out partitions
-        if done >= total and not any(loader._pending_count for loader in members):
+        if done >= total:
             break
         time.sleep(0.02)
-    done_at = time.monotonic()
-    stop.set()
+    stop.set()  # every record is consumed: each loader writes what it holds and stops
     for thread in threads:
         thread.join()
+    done_at = time.monotonic()
     cpu = time.process_time() - cpu0
     elapsed = done_at - (first_at or done_at)
     done = sum(loader.stats.consumed for loader in members)

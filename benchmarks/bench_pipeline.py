@@ -171,12 +171,13 @@ def main() -> None:
         def late() -> int:
             return store.query("SELECT count() FROM late_events FINAL WHERE experiment = 'live'").result_rows[0][0]
 
-        # One event per partition an hour ahead closes every window of the run (otherwise the
-        # last window waits for traffic that never comes).
+        # One event per partition a minute ahead closes every window of the run (otherwise the
+        # last window waits for traffic that never comes); further ahead than the job's and the
+        # loader's max_future_s (300 s) it would be dead-lettered and close nothing.
         from confluent_kafka import Producer
 
         closer = Producer({"bootstrap.servers": bootstrap})
-        ahead = datetime.fromtimestamp(time.time() + 3600, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        ahead = datetime.fromtimestamp(time.time() + 60, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
         for partition in range(3):
             trace = uuid.uuid4().hex
             closer.produce(topics.inference, partition=partition, key=trace.encode(), value=json.dumps({

@@ -156,6 +156,13 @@ def _run_variant(variant: str, loaders: int, batch: int, batch_s: float | None, 
     return result
 
 
+def _int_list(parser: argparse.ArgumentParser, option: str, value: str) -> list[int]:
+    try:
+        return [int(n) for n in value.split(",") if n]
+    except ValueError:
+        parser.error(f"{option}: expected comma-separated integers, got {value!r}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=100_000, help="requests to pre-fill (~2.5 events each)")
@@ -174,16 +181,10 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(variants) - set(VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
-    try:
-        counts = [int(n) for n in args.loaders.split(",") if n]
-    except ValueError:
-        parser.error(f"--loaders: expected comma-separated integers, got {args.loaders!r}")
+    counts = _int_list(parser, "--loaders", args.loaders)
     if not counts or min(counts) < 1 or max(counts) > 3:
         parser.error("--loaders: each count must be 1, 2 or 3 (the topics have 3 partitions)")
-    try:
-        batches = [int(n) for n in args.batch_records.split(",") if n]
-    except ValueError:
-        parser.error(f"--batch-records: expected comma-separated integers, got {args.batch_records!r}")
+    batches = _int_list(parser, "--batch-records", args.batch_records)
     if not batches or min(batches) < 1:
         parser.error("--batch-records: each size must be at least 1")
 

@@ -245,6 +245,8 @@ def run_drill(*, workdir: Path, windows: int = 6, per_window: int = 40, brokers:
                     f"last error {member.stats.last_error!r} "
                     f"committed {dict(member.stats.committed)} lag {dict(member.stats.lag)} "
                     f"assignment {sorted(map(tuple, consumer.assignment())) if consumer is not None else None}")
+            say(_transaction_diagnosis(kafka.bootstrap, topics.windows, expected, store_windows(store)))
+            say(_log_diagnosis(flink.directory / "logs"))
         return DrillResult(expected=expected, windows=store_windows(store),
                            balance=queries.reconciliation(store, experiment=EXPERIMENT), raw_expected=raw_expected,
                            restored_checkpoint=restored_from, checkpoint_before_tm_kill=checkpoint,
@@ -287,3 +289,64 @@ def _diagnosis(flink: flink_cluster.FlinkClusterConfig, job_id: str | None) -> s
     except rest.RestError as exc:
         lines.append(str(exc))
     return "\n".join(lines)
+
+
+def _transaction_diagnosis(bootstrap: str, topic: str, expected: dict, stored: dict) -> str:
+    """Tells a window Flink never emitted from one it emitted but the loader cannot see.
+
+    Per partition of the windows topic: the high watermark (read_uncommitted end offset)
+    against the last stable offset (read_committed end offset). An LSO held below the
+    high watermark is an open transaction, which hides every later committed row of that
+    partition from the loader. The missing windows are then looked for among every row
+    ever written, committed or not."""
+    import json
+
+    from kafka import KafkaConsumer, TopicPartition
+
+    lines = []
+    try:
+        ends: dict[str, dict[int, int]] = {}
+        rows: dict[int, list[dict[str, Any]]] = {}
+        for isolation in ("read_uncommitted", "read_committed"):
+            consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False,
+                                     consumer_timeout_ms=3000, auto_offset_reset="earliest")
+            try:
+                parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+                ends[isolation] = {tp.partition: offset for tp, offset in consumer.end_offsets(parts).items()}
+                if isolation == "read_uncommitted":
+                    consumer.assign(parts)
+                    consumer.seek_to_beginning(*parts)
+                    for record in consumer:
+                        rows.setdefault(record.partition, []).append({"offset": record.offset,
+                                                                      **json.loads(record.value)})
+            finally:
+                consumer.close()
+        for partition in sorted(ends["read_uncommitted"]):
+            hw, lso = ends["read_uncommitted"][partition], ends["read_committed"].get(partition)
+            lines.append(f"windows partition {partition}: high watermark {hw}, last stable offset {lso}"
+                         + ("  <- an open transaction hides the rows after it" if lso is not None and lso < hw else ""))
+        missing = sorted(set(expected) - set(stored))
+        for key in missing:
+            written = [(partition, row["offset"]) for partition, partition_rows in rows.items() for row in partition_rows
+                       if row.get("kind") == "inference" and (row.get("experiment"), row.get("variant"))
+                       == key[:2] and _ms(datetime.fromisoformat(row["window_start"].replace("Z", "+00:00"))) == key[2]]
+            lines.append(f"missing window {key}: written at (partition, offset) {written or 'nowhere'}")
+    except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+        lines.append(f"transaction diagnosis failed: {type(exc).__name__}: {exc}")
+    return "\n".join(lines)
+
+
+def _log_diagnosis(log_dir: Path, limit: int = 30) -> str:
+    """The Flink log lines on aborted, fenced or recovered transactions and every warning
+    or error: the last ``limit`` of each log file, in order."""
+    import re
+
+    pattern = re.compile(r"\b(WARN|ERROR)\b|abort|fenc|lingering|recover", re.IGNORECASE)
+    lines = []
+    for path in sorted(log_dir.rglob("*.log")):
+        try:
+            found = [line.rstrip()[:400] for line in path.read_text(errors="replace").splitlines() if pattern.search(line)]
+        except OSError:
+            continue
+        lines += [f"{path.name}: {line}" for line in found[-limit:]]
+    return "\n".join(lines) or f"no such lines in the logs under {log_dir}"

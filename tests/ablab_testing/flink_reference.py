@@ -242,8 +242,8 @@ def closing_events(*, at: datetime, experiment: str, count: int = 12,
     """Inference events far ahead in time, so that every partition's watermark passes the
     canned windows. Event ``i`` carries a trace id that the producers' key partitioner sends
     to partition ``i % partitions``: with ``count >= partitions`` every partition gets one.
-    (Random trace ids missed a partition in about 2 % of runs at 12 events over 3; that
-    partition's watermark then held the last window open for good.)"""
+    (Random trace ids would miss one of 3 partitions in about 2 % of runs at 12 events, and
+    that partition's watermark would hold the last window open for good.)"""
     rng = random.Random(99)
     events = []
     for i in range(count):

@@ -301,36 +301,24 @@ def _transaction_diagnosis(bootstrap: str, topic: str, expected: dict, stored: d
     ever written, committed or not."""
     import json
 
-    from kafka import KafkaConsumer, TopicPartition
+    from ablab_testing.pipeline import end_offsets, read_records_to_end
 
     lines = []
     try:
-        ends: dict[str, dict[int, int]] = {}
-        rows: dict[int, list[dict[str, Any]]] = {}
-        for isolation in ("read_uncommitted", "read_committed"):
-            consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, enable_auto_commit=False,
-                                     consumer_timeout_ms=3000, auto_offset_reset="earliest")
-            try:
-                parts = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
-                ends[isolation] = {tp.partition: offset for tp, offset in consumer.end_offsets(parts).items()}
-                if isolation == "read_uncommitted":
-                    consumer.assign(parts)
-                    consumer.seek_to_beginning(*parts)
-                    for record in consumer:
-                        rows.setdefault(record.partition, []).append({"offset": record.offset,
-                                                                      **json.loads(record.value)})
-            finally:
-                consumer.close()
-        for partition in sorted(ends["read_uncommitted"]):
-            hw, lso = ends["read_uncommitted"][partition], ends["read_committed"].get(partition)
+        high = end_offsets(bootstrap, topic, isolation_level="read_uncommitted")
+        stable = end_offsets(bootstrap, topic, isolation_level="read_committed")
+        for partition in sorted(high):
+            hw, lso = high[partition], stable.get(partition)
             lines.append(f"windows partition {partition}: high watermark {hw}, last stable offset {lso}"
                          + ("  <- an open transaction hides the rows after it" if lso is not None and lso < hw else ""))
-        missing = sorted(set(expected) - set(stored))
-        for key in missing:
-            written = [(partition, row["offset"]) for partition, partition_rows in rows.items() for row in partition_rows
-                       if row.get("kind") == "inference" and (row.get("experiment"), row.get("variant"))
-                       == key[:2] and _ms(datetime.fromisoformat(row["window_start"].replace("Z", "+00:00"))) == key[2]]
-            lines.append(f"missing window {key}: written at (partition, offset) {written or 'nowhere'}")
+        written: dict[tuple[str, str, int], list[tuple[int, int]]] = {}
+        for record in read_records_to_end(bootstrap, topic, isolation_level="read_uncommitted"):
+            row = json.loads(record.value)
+            if row.get("kind") == "inference":
+                key = (row["experiment"], row["variant"], _ms(datetime.fromisoformat(row["window_start"])))
+                written.setdefault(key, []).append((record.partition, record.offset))
+        for key in sorted(set(expected) - set(stored)):
+            lines.append(f"missing window {key}: written at (partition, offset) {written.get(key) or 'nowhere'}")
     except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
         lines.append(f"transaction diagnosis failed: {type(exc).__name__}: {exc}")
     return "\n".join(lines)

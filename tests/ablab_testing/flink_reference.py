@@ -248,12 +248,17 @@ def closing_events(*, at: datetime, experiment: str, count: int = 12,
     events = []
     for i in range(count):
         event = inference_event(rng=rng, ts=at, experiment=experiment, variant="control")
-        trace = uuid.UUID(int=rng.getrandbits(128)).hex
-        while kafka_partition(trace, partitions) != i % partitions:
-            trace = uuid.UUID(int=rng.getrandbits(128)).hex
-        event["trace_id"] = trace
+        event["trace_id"] = trace_id_on(i % partitions, partitions, rng=rng)
         events.append(event)
     return events
+
+
+def trace_id_on(partition: int, partitions: int, *, rng: random.Random) -> str:
+    """A trace id that the producers' key partitioner sends to ``partition`` of ``partitions``."""
+    while True:
+        trace = uuid.UUID(int=rng.getrandbits(128)).hex
+        if kafka_partition(trace, partitions) == partition:
+            return trace
 
 
 # --- a replayed stream (issue 19): disorder, anonymous duplicates, late RUM and labels ----

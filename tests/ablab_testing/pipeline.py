@@ -136,25 +136,45 @@ def group_caught_up(bootstrap: str, group: str, topics: Iterable[str]) -> bool:
 def read_to_end(bootstrap: str, topic: str) -> list[bytes]:
     """Every committed record of ``topic`` (read_committed), up to the partitions' ends as
     they are now."""
+    return [record.value for record in read_records_to_end(bootstrap, topic)]
+
+
+def read_records_to_end(bootstrap: str, topic: str, *, isolation_level: str = "read_committed") -> list[Any]:
+    """Every record of ``topic`` a consumer at ``isolation_level`` sees (read_uncommitted:
+    those of open and aborted transactions too), with partition and offset, up to the
+    partitions' ends as they are now."""
     from kafka import KafkaConsumer, TopicPartition
 
-    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level="read_committed", enable_auto_commit=False)
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, enable_auto_commit=False)
     try:
         partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
         consumer.assign(partitions)
         consumer.seek_to_beginning(*partitions)
         ends = consumer.end_offsets(partitions)
-        values: list[bytes] = []
+        records: list[Any] = []
         deadline = time.monotonic() + 120
         while any(consumer.position(tp) < end for tp, end in ends.items()):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"reading {topic} to {ends} stopped at {[consumer.position(tp) for tp in ends]}")
-            for records in consumer.poll(timeout_ms=1000).values():
-                values.extend(record.value for record in records)
-        return values
+            for batch in consumer.poll(timeout_ms=1000).values():
+                records.extend(batch)
+        return records
     finally:
         consumer.close()
 
 
-__all__ = ["FlinkProcess", "PipelineTopics", "RawProducer", "group_caught_up", "group_members", "job_config", "read_to_end",
-           "wait_for"]
+def end_offsets(bootstrap: str, topic: str, *, isolation_level: str) -> dict[int, int]:
+    """Partition → end offset of ``topic``: the high watermark for read_uncommitted, the last
+    stable offset (held at the first open transaction) for read_committed."""
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(bootstrap_servers=bootstrap, isolation_level=isolation_level, enable_auto_commit=False)
+    try:
+        partitions = [TopicPartition(topic, p) for p in sorted(consumer.partitions_for_topic(topic) or ())]
+        return {tp.partition: offset for tp, offset in consumer.end_offsets(partitions).items()}
+    finally:
+        consumer.close()
+
+
+__all__ = ["FlinkProcess", "PipelineTopics", "RawProducer", "group_caught_up", "group_members", "end_offsets", "job_config",
+           "read_records_to_end", "read_to_end", "wait_for"]

@@ -5,7 +5,7 @@ on the running stack and ordinary events. Tests wait on observable state through
 from __future__ import annotations
 
 import json
-import uuid
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -93,16 +93,11 @@ class LiveStack:
     def close_windows(self, *, after: float, partitions: int = 3) -> None:
         """Events of a second experiment at ``after`` + 15 s on every partition: the watermark
         passes every window before ``after`` (each partition must advance; none goes idle)."""
-        from ablab_testing.flink_reference import kafka_partition
+        from ablab_testing.flink_reference import trace_id_on
 
         ts = iso(after + 15)
-        seen: dict[int, str] = {}
-        i = 0
-        while len(seen) < partitions:
-            trace = f"close-{uuid.uuid4().hex[:12]}-{i}"
-            seen.setdefault(kafka_partition(trace, partitions), trace)
-            i += 1
-        events = [ordinary("flush", "a", trace, ts=ts) for trace in seen.values()]
+        rng = random.Random()
+        events = [ordinary("flush", "a", trace_id_on(p, partitions, rng=rng), ts=ts) for p in range(partitions)]
         response = self.post_events(events)
         assert response.status_code == 202 and response.json()["accepted"] == len(events), response.text
 

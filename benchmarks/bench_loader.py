@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/bench_loader.py --variants rollup --loaders 1,2
     .venv/bin/python benchmarks/bench_loader.py --variants rollup --units 1000
     .venv/bin/python benchmarks/bench_loader.py --variants rollup --batch-records 2000,5000,20000 --batch-s 60
+    .venv/bin/python benchmarks/bench_loader.py --variants rollup,rollup-per-batch --units 500 --batch-records 5000
 
 ``--units`` sets how many users the requests come from: fewer units, longer histories (100,000
 requests over 1,000 units is 100 requests per unit by the end of the drain), which the
@@ -17,7 +18,10 @@ label for ``--label-rate`` of them, i.e. ~2.5 events per request), then drains t
 each variant in turn, every one with its own consumer group and its own empty chDB store,
 so the variants read the same records in one run on one machine:
 
-- ``rollup``: the loader as the API runs it (raw insert, then the per-unit rollup);
+- ``rollup``: the loader as the API runs it (raw insert, then the per-unit rollup, whose
+  recompute and offset commit a checkpoint does for several batches at once);
+- ``rollup-per-batch``: the same with ``rollup_interval_s=0``, a checkpoint after every batch
+  (the loader before checkpoints);
 - ``no-rollup``: raw insert only (what an external ClickHouse deployment without the
   rollup would do);
 - ``poll-only``: consume and validate, insert nothing (the Kafka + validation ceiling).
@@ -33,9 +37,11 @@ loader runs in this process, so ``time.process_time`` covers chDB's work too.
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import multiprocessing
 import os
+import pstats
 import random
 import tempfile
 import threading
@@ -48,7 +54,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-VARIANTS = ("rollup", "no-rollup", "poll-only")
+VARIANTS = ("rollup", "rollup-per-batch", "no-rollup", "poll-only")
 DEFAULT_BATCH = 20_000  # the Loader's batch_max_records default
 
 
@@ -93,7 +99,7 @@ def _fill(bootstrap: str, topics: dict[str, str], payloads: dict[str, list[bytes
 
 
 def _drain(variant: str, loaders: int, batch: int, batch_s: float | None, bootstrap: str, topics: dict[str, str], total: int, home: str,
-           consumed, out) -> None:
+           consumed, out, profile: str | None = None) -> None:
     """One variant in its own process (chDB holds one data directory per process)."""
     from ablab.streaming.loader.service import Loader
     from ablab.streaming.store import apply_ddl, make_client
@@ -102,8 +108,9 @@ def _drain(variant: str, loaders: int, batch: int, batch_s: float | None, bootst
     apply_ddl(store)
     group = f"bench-loader-{variant}-{uuid.uuid4().hex[:6]}"
     members = [Loader(store, bootstrap, group_id=group, topics=tuple(topics.values()), known_experiments=lambda: {"bench"},
-                      rollup=variant == "rollup", batch_lock=threading.RLock(), batch_max_records=batch,
-                      **({} if batch_s is None else {"batch_max_s": batch_s}))
+                      rollup=variant.startswith("rollup"), batch_lock=threading.RLock(), batch_max_records=batch,
+                      **({} if batch_s is None else {"batch_max_s": batch_s}),
+                      **({"rollup_interval_s": 0.0} if variant == "rollup-per-batch" else {}))
                for _ in range(loaders)]
     if variant == "poll-only":
         for loader in members:
@@ -113,7 +120,15 @@ def _drain(variant: str, loaders: int, batch: int, batch_s: float | None, bootst
                 loader._pending_count = 0
             loader.flush = discard  # type: ignore[method-assign]
     stop = threading.Event()
-    threads = [threading.Thread(target=loader.run, args=(stop,), daemon=True) for loader in members]
+    profiles = [cProfile.Profile() for _ in members] if profile else []
+
+    def target(i: int) -> None:
+        if profiles:
+            profiles[i].runcall(members[i].run, stop)
+        else:
+            members[i].run(stop)
+
+    threads = [threading.Thread(target=target, args=(i,), daemon=True) for i in range(len(members))]
     cpu0, first_at = time.process_time(), None
     for thread in threads:
         thread.start()
@@ -130,21 +145,27 @@ def _drain(variant: str, loaders: int, batch: int, batch_s: float | None, bootst
         thread.join()
     done_at = time.monotonic()
     cpu = time.process_time() - cpu0
+    if profiles:
+        stats = pstats.Stats(profiles[0])
+        for extra in profiles[1:]:
+            stats.add(extra)
+        stats.dump_stats(str(Path(profile) / f"{variant}-{loaders}-{batch}.prof"))
     elapsed = done_at - (first_at or done_at)
     done = sum(loader.stats.consumed for loader in members)
     out.put({"variant": f"{variant} ×{loaders}" + (f", {batch:,}/batch" if batch != DEFAULT_BATCH else ""), "consumed": done,
              "loaded": sum(sum(loader.stats.loaded.values()) for loader in members),
              "seconds": elapsed, "events_per_s": done / elapsed if elapsed else float("nan"),
              "cpu_s_per_1k": 1000 * cpu / max(1, done), "batches": sum(loader.stats.batches for loader in members),
+             "checkpoints": sum(loader.stats.checkpoints for loader in members),
              "rollup_units": sum(loader.stats.rollup_units for loader in members)})
 
 
 def _run_variant(variant: str, loaders: int, batch: int, batch_s: float | None, *, bootstrap: str, topics: dict[str, str], total: int, home: Path,
-                 progress: Progress) -> dict:
+                 progress: Progress, profile: str | None = None) -> dict:
     ctx = multiprocessing.get_context("spawn")
     consumed, out = ctx.Value("q", 0), ctx.Queue()
     task = progress.add_task(f"{variant} ×{loaders}", total=total)
-    proc = ctx.Process(target=_drain, args=(variant, loaders, batch, batch_s, bootstrap, topics, total, str(home), consumed, out),
+    proc = ctx.Process(target=_drain, args=(variant, loaders, batch, batch_s, bootstrap, topics, total, str(home), consumed, out, profile),
                        daemon=True)
     proc.start()
     while proc.is_alive() and out.empty():
@@ -176,6 +197,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="the loader's batch_max_s (default: its own); a long one lets --batch-records decide")
     parser.add_argument("--bootstrap", default=None, help="an existing broker (default: start one in a temp dir)")
     parser.add_argument("--json", default=None, help="also write the figures as JSON here")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="profile each drain (cProfile, every loader thread) into DIR/<variant>-<loaders>-<batch>.prof; "
+                             "the profiler slows the drain, so its figures are not comparable with unprofiled runs")
     args = parser.parse_args(argv)
     variants = [v for v in args.variants.split(",") if v]
     unknown = sorted(set(variants) - set(VARIANTS))
@@ -213,18 +237,18 @@ def main(argv: list[str] | None = None) -> int:
             for variant in variants:
                 for n, batch in ((n, b) for n in counts for b in batches):
                     results.append(_run_variant(variant, n, batch, args.batch_s, bootstrap=bootstrap, topics=topics, total=total, home=work,
-                                                progress=progress))
+                                                progress=progress, profile=args.profile))
     finally:
         if broker is not None:
             stop_broker(directory=broker.directory)
     load = os.getloadavg()
     table = Table(title=f"loader drain, {total:,} events ({args.requests:,} requests from {args.units:,} units), load {load[0]:.1f}")
-    for col in ("variant", "events/s", "CPU-s / 1k events", "loaded rows", "batches", "vs first"):
+    for col in ("variant", "events/s", "CPU-s / 1k events", "loaded rows", "batches", "checkpoints", "vs first"):
         table.add_column(col, justify="right")
     base = results[0]["events_per_s"] if results else 1.0
     for r in results:
         table.add_row(r["variant"], f"{r['events_per_s']:,.0f}", f"{r['cpu_s_per_1k']:.3f}", f"{r['loaded']:,}",
-                      str(r["batches"]), f"{r['events_per_s'] / base:.2f}×")
+                      str(r["batches"]), str(r["checkpoints"]), f"{r['events_per_s'] / base:.2f}×")
     console.print(table)
     if args.json:
         Path(args.json).write_text(json.dumps({"events": total, "load": load, "results": results}, indent=1))

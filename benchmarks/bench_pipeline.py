@@ -114,6 +114,9 @@ def main() -> None:
     parser.add_argument("--heap", default="-Xmx1g", help="JVM_ARGS of the Flink job")
     parser.add_argument("--loader-batch-s", type=float, default=None,
                         help="the loader's batch_max_s (default: the loader's own): longer batches, fewer statements")
+    parser.add_argument("--loader-rollup-interval-s", type=float, default=None,
+                        help="the loader's rollup_interval_s (default: the loader's own; 0: recompute and commit "
+                             "after every batch)")
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds of the same traffic (another experiment) before the clock starts")
     args = parser.parse_args()
@@ -137,6 +140,8 @@ def main() -> None:
     job = FlinkProcess(job_config(topics, bootstrap=bootstrap, checkpoint_dir=workdir / "ckpt", idle_timeout_s=5.0),
                        log_path=workdir / "flink.log", heap=args.heap).start()
     batching = {} if args.loader_batch_s is None else {"batch_max_s": args.loader_batch_s}
+    if args.loader_rollup_interval_s is not None:
+        batching["rollup_interval_s"] = args.loader_rollup_interval_s
     loader = Loader(store, bootstrap, group_id=f"{topics.prefix}-loader", topics=(topics.inference, topics.windows),
                     windows_topic=topics.windows, deadletter_topic=topics.deadletter, **batching)
     stop = threading.Event()
@@ -215,7 +220,7 @@ def main() -> None:
         print("CPU per event: " + ", ".join(f"{part} {us:.1f} µs" for part, us in per_event.items())
               + f"; total {sum(per_event.values()):.1f} µs, i.e. {sum(per_event.values()) * 30_000 / 1e6:.2f} cores "
               f"for 30,000 events/s")
-        print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches} (batch_max_s {loader.batch_max_s}); load average 1 min "
+        print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches} (batch_max_s {loader.batch_max_s}), checkpoints {loader.stats.checkpoints} (rollup_interval_s {loader.rollup_interval_s}); load average 1 min "
               f"{load_sending:.2f} at the end of sending, {os.getloadavg()[0]:.2f} now; producers: {args.client}")
     finally:
         job.stop()

@@ -379,6 +379,10 @@ def stream_stop(cluster: str = _CLUSTER_OPTION, job: str = _JOB_OPTION,
 def loader(
     batch_max_records: int = typer.Option(20_000, min=1, help="Rows per ClickHouse insert at most."),
     batch_max_s: float = typer.Option(0.5, min=0.01, help="Longest a row waits before its batch is written."),
+    rollup_interval_s: float = typer.Option(
+        5.0, min=0.0,
+        help="While behind, recompute the per-unit rollup and commit offsets at most this often (0: after every "
+             "batch). Caught up, every batch is committed at once."),
     group_id: str = typer.Option("ablab-loader", help="Kafka consumer group."),
 ) -> None:
     """Kafka → ClickHouse loader (server mode; in embedded mode the API process runs it)."""
@@ -400,7 +404,7 @@ def loader(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     worker = Loader(client, settings.kafka_bootstrap, group_id=group_id,
-                    batch_max_records=batch_max_records, batch_max_s=batch_max_s)
+                    batch_max_records=batch_max_records, batch_max_s=batch_max_s, rollup_interval_s=rollup_interval_s)
     console.print(f"[green]loader[/] {settings.kafka_bootstrap} → {settings.public_dict()['clickhouse_url'] or 'chdb (embedded)'}")
     stats = worker.supervise(stop)
     out.print(stats.as_dict())

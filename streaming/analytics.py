@@ -123,7 +123,7 @@ class AnalyticsStore:
             return
         stats = self.loader.stats
         yield CounterMetricFamily("ablab_loader_consumed_records", "Records the loader read", value=stats.consumed)
-        yield CounterMetricFamily("ablab_loader_batches", "Batches stored and committed", value=stats.batches)
+        yield CounterMetricFamily("ablab_loader_batches", "Batches stored (committed at the next checkpoint)", value=stats.batches)
         loaded = CounterMetricFamily("ablab_loader_loaded_rows", "Rows stored", labels=["table"])
         for table, count in sorted(stats.loaded.items()):
             loaded.add_metric([table], count)
@@ -137,6 +137,11 @@ class AnalyticsStore:
                                   value=stats.failures)
         yield CounterMetricFamily("ablab_loader_bisections", "Batches split around rows the store refused",
                                   value=stats.bisections)
+        yield CounterMetricFamily("ablab_loader_checkpoints", "Rollup recomputes with an offset commit (each covers one batch or several)",
+                                  value=stats.checkpoints)
+        yield CounterMetricFamily("ablab_loader_rollup_replays",
+                                  "Stretches replayed batch by batch after a checkpoint's recompute failed on data",
+                                  value=stats.rollup_replays)
         yield GaugeMetricFamily("ablab_loader_failing", "1 while the loader cannot store its batch",
                                 value=1.0 if stats.consecutive_failures else 0.0)
         if stats.last_flush_at is not None:

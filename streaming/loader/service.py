@@ -10,6 +10,14 @@ effect. Before the commit it also feeds the per-unit rollup (``unit_stats``) by
 recomputing the units the batch touched (:mod:`ablab.streaming.store.rollup`), so a
 replay rewrites the same values there too.
 
+The recompute rewrites a unit from its whole history, so its cost is per touched unit and
+per statement, not per event: recomputing after every batch paid it again for a unit seen
+in each batch. A busy loader therefore stores several batches (rows, lookups, label
+placements) and recomputes the union of their units once, at a *checkpoint*, every
+``rollup_interval_s`` or as soon as a poll finds nothing new (caught up), and commits the
+offsets only then. What a crash loses before a checkpoint is uncommitted and replayed, as
+before. ``rollup_interval_s=0`` checkpoints after every batch.
+
 Refused records (malformed JSON, wrong types, unknown experiment, oversized, values the
 store cannot aggregate, event times beyond the bound) are written to the dead-letter topic
 with their reason, stored in ``dead_letters`` and counted in :class:`LoaderStats`; the
@@ -17,9 +25,12 @@ loader keeps going.
 
 One row never fails a batch. When an insert (or the rollup recompute) fails and the store
 still answers ``SELECT 1``, the batch is split in halves and each half stored on its own,
-down to single rows; a row that fails alone is removed again from ``raw_events`` (so the
-rollup of its unit is not poisoned), dead-lettered with ClickHouse's message and counted,
-and the rest of the batch is stored and committed. When the store does not answer, the
+down to single rows; a row that fails alone is removed again from ``raw_events`` and the
+rollup's lookup tables (so the rollup of its unit is not poisoned), dead-lettered with
+ClickHouse's message and counted, and the rest of the batch is stored and committed. A
+checkpoint's recompute that fails on data cannot name its row, so the loader rewinds to its
+last commit and replays that stretch one batch per checkpoint, where the split above finds
+the row (``LoaderStats.rollup_replays``). When the store does not answer, the
 failure is the store's: the same batch (never more) is retried with backoff, nothing new is
 polled meanwhile, and ``LoaderStats.consecutive_failures`` makes ``/readyz`` fail.
 
@@ -80,7 +91,7 @@ class LoaderStats:
     loaded: Counter[str] = field(default_factory=Counter)
     dead_lettered: Counter[str] = field(default_factory=Counter)
     last_flush_at: float | None = None
-    """Wall-clock time of the last committed batch (the last success)."""
+    """Wall-clock time of the last checkpoint (the last commit)."""
     rollup_units: int = 0
     failures: int = 0
     """Batches that could not be stored (the store did not answer); each is retried as is."""
@@ -94,6 +105,10 @@ class LoaderStats:
     """(topic, partition) → records between the committed offset and the partition's end."""
     restarts: int = 0
     """Times :meth:`Loader.supervise` reconnected after the consume loop failed."""
+    checkpoints: int = 0
+    """Recompute-and-commit points (each covers one batch or several)."""
+    rollup_replays: int = 0
+    """Times a checkpoint's recompute failed on data and the stretch was replayed batch by batch."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -106,6 +121,8 @@ class LoaderStats:
             "failures": self.failures,
             "consecutive_failures": self.consecutive_failures,
             "restarts": self.restarts,
+            "checkpoints": self.checkpoints,
+            "rollup_replays": self.rollup_replays,
             "last_error": self.last_error,
             "bisections": self.bisections,
             "last_flush_at": self.last_flush_at,
@@ -136,6 +153,10 @@ class StoreUnavailable(RuntimeError):
     """The store did not answer: the batch is kept and retried, not split."""
 
 
+class _RecomputeRefused(RuntimeError):
+    """A checkpoint's recompute failed while the store answers: some row of the stretch."""
+
+
 class Loader:
     """Consume, batch, insert, commit; see the module docstring."""
 
@@ -156,6 +177,8 @@ class Loader:
         max_future_s: float = DEFAULT_MAX_FUTURE_S,
         retry_max_s: float = 30.0,
         batch_lock: AbstractContextManager[Any] | None = None,
+        rollup_interval_s: float = 5.0,
+        rollup_max_units: int = 200_000,
     ) -> None:
         self.client = client
         self.bootstrap = bootstrap
@@ -184,6 +207,15 @@ class Loader:
         # mode); loaders in other processes share nothing but the store.
         self._batch_lock = batch_lock
         self._checked_partitions = False
+        self.rollup_interval_s = rollup_interval_s
+        self.rollup_max_units = rollup_max_units
+        # units stored since the last checkpoint, still to recompute (see the module docstring)
+        self._dirty: dict[str, set[str]] = defaultdict(set)
+        self._dirty_count = 0
+        self._uncommitted = False
+        self._checkpoint_at = time.monotonic()
+        # after a refused checkpoint recompute: positions until which every batch is its own checkpoint
+        self._per_batch_until: dict[Any, int] = {}
 
     # --- lifecycle -------------------------------------------------------------------
 
@@ -233,8 +265,8 @@ class Loader:
         if self._consumer is None:
             self._connect()
         # A fresh consumer re-reads from the committed offsets: what an earlier run had
-        # pending is delivered again, so keeping it would grow the batch on every retry.
-        self._discard_pending()
+        # pending (or stored since its last checkpoint) is delivered again.
+        self._discard_uncommitted()
         last_record_at = time.monotonic()
         batch_started = time.monotonic()
         never_assigned, rejoin_at, rejoin_wait = True, time.monotonic() + _REJOIN_AFTER_S, _REJOIN_AFTER_S
@@ -256,10 +288,12 @@ class Loader:
                     last_record_at = now
                 if self._pending_count or self._dead:
                     if self._pending_count + len(self._dead) >= self.batch_max_records or now - batch_started >= self.batch_max_s:
-                        self._flush_until_stored(stop_event)
+                        self._flush_until_stored(stop_event, checkpoint=self._checkpoint_due(now, caught_up=not got))
                         batch_started = time.monotonic()
                 else:
                     batch_started = now
+                    if self._uncommitted and not got:  # caught up: make what is stored visible and committed
+                        self._flush_until_stored(stop_event, checkpoint=True)
                 if now - self._lag_at >= _LAG_REFRESH_S:  # idle too: lag grows while nothing is polled
                     self._lag_at = now
                     self._update_lag()
@@ -291,12 +325,30 @@ class Loader:
                 delay = min(delay * 2, max_delay_s)
         return self.stats
 
-    def _flush_until_stored(self, stop_event: threading.Event) -> None:
+    def _checkpoint_due(self, now: float, *, caught_up: bool) -> bool:
+        """Whether the batch being flushed ends with a recompute and a commit."""
+        if not self.rollup or self.rollup_interval_s <= 0 or caught_up or self._replaying():
+            return True
+        return now - self._checkpoint_at >= self.rollup_interval_s or self._dirty_count >= self.rollup_max_units
+
+    def _replaying(self) -> bool:
+        if not self._per_batch_until:
+            return False
+        try:
+            behind = any(self._consumer.position(tp) < end for tp, end in self._per_batch_until.items()
+                         if tp in self._consumer.assignment())
+        except Exception:  # noqa: BLE001 - a partition moved away: the new owner replays it
+            behind = False
+        if not behind:
+            self._per_batch_until = {}
+        return behind
+
+    def _flush_until_stored(self, stop_event: threading.Event, *, checkpoint: bool = True) -> None:
         """Flush; while the store is away retry the same batch with backoff (nothing new is polled)."""
         wait = 0.5
         while True:
             try:
-                self.flush()
+                self._flush(checkpoint=checkpoint)
                 return
             except StoreUnavailable as exc:
                 log.warning("loader: the store is unavailable (%s); retrying the same batch in %.1f s", exc, wait)
@@ -309,6 +361,13 @@ class Loader:
         self._origins.clear()
         self._dead = []
         self._pending_count = 0
+
+    def _discard_uncommitted(self) -> None:
+        """Forget what was stored since the last commit (it is read and stored again)."""
+        self._discard_pending()
+        self._dirty.clear()
+        self._dirty_count = 0
+        self._uncommitted = False
 
     def _rejoin(self) -> None:
         """Re-subscribe when the topics have partitions but this consumer got none."""
@@ -348,37 +407,87 @@ class Loader:
 
     def flush(self) -> None:
         """Store the pending rows (splitting around rows that fail alone), dead-letter the
-        refused ones, then commit offsets. Raises :class:`StoreUnavailable` (batch kept)."""
-        if not self._pending_count and not self._dead:
+        refused ones, recompute the rollup of every unit stored since the last checkpoint,
+        then commit offsets. Raises :class:`StoreUnavailable` (batch kept)."""
+        self._flush(checkpoint=True)
+
+    def _flush(self, *, checkpoint: bool) -> None:
+        if not self._pending_count and not self._dead and not (checkpoint and self._uncommitted):
             return
         from ablab.streaming.store import rollup
 
         refused: list[_DeadLetter] = []  # this attempt's only: a retried batch must not add them twice
+        per_batch = checkpoint and not self._uncommitted  # this batch alone: the split can blame a row
         try:
             with self._batch_lock or rollup.batch_lock:  # a results read in this process sees whole batches only
                 for table, rows in self._pending.items():
                     if rows:
-                        self._store(table, rows, self._origins[table], refused)
+                        self._store(table, rows, self._origins[table], refused, recompute=per_batch)
+                if checkpoint and not per_batch:
+                    self._recompute_dirty()
             if self._dead or refused:
                 self._write_dead_letters([*self._dead, *refused])
-            self._commit()
+            if checkpoint:
+                self._commit()
+        except _RecomputeRefused as exc:
+            self._rewind(exc)
+            return
         except Exception as exc:
             self._failed(exc)
             raise
+        had = bool(self._pending_count or self._dead)
         self._discard_pending()
-        self.stats.batches += 1
+        if checkpoint:
+            self._dirty.clear()
+            self._dirty_count = 0
+            self._uncommitted = False
+            self._checkpoint_at = time.monotonic()
+            self.stats.checkpoints += 1
+            self.stats.last_flush_at = time.time()
+        else:
+            self._uncommitted = True
+        if had:
+            self.stats.batches += 1
         self.stats.consecutive_failures = 0
-        self.stats.last_flush_at = time.time()
+
+    def _recompute_dirty(self) -> None:
+        from ablab.streaming.store import rollup
+
+        if not self._dirty:
+            return
+        try:
+            recomputed = rollup.recompute_touched(self.client, self._dirty)
+        except Exception as exc:  # noqa: BLE001 - told apart below: the store's failure or a row's
+            self._check_store(exc)
+            raise _RecomputeRefused(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from exc
+        self.stats.rollup_units += sum(recomputed.values())
+
+    def _rewind(self, exc: _RecomputeRefused) -> None:
+        """Replay from the last commit, one checkpoint per batch, so the split finds the row."""
+        consumer = self._consumer
+        positions = {tp: consumer.position(tp) for tp in consumer.assignment()}
+        for tp in positions:
+            committed = consumer.committed(tp)
+            if committed is None:
+                consumer.seek_to_beginning(tp)
+            else:
+                consumer.seek(tp, committed)
+        self._per_batch_until = {tp: p for tp, p in positions.items() if p is not None}
+        self._discard_uncommitted()
+        self.stats.rollup_replays += 1
+        log.warning("loader: a checkpoint's rollup recompute failed on data (%s); replaying from the last commit "
+                    "batch by batch to find the row", exc)
 
     def _failed(self, exc: BaseException) -> None:
         self.stats.failures += 1
         self.stats.consecutive_failures += 1
         self.stats.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
 
-    def _store(self, table: str, rows: list[tuple[Any, ...]], origins: list[_Origin], refused: list[_DeadLetter]) -> None:
+    def _store(self, table: str, rows: list[tuple[Any, ...]], origins: list[_Origin], refused: list[_DeadLetter],
+               *, recompute: bool = True) -> None:
         """Insert ``rows`` (and feed the rollup for raw events); on a data error, bisect."""
         try:
-            self._insert(table, rows)
+            self._insert(table, rows, recompute=recompute)
             return
         except Exception as exc:  # noqa: BLE001 - told apart below: the store's failure or a row's
             error = exc
@@ -388,17 +497,23 @@ class Loader:
             return
         self.stats.bisections += 1
         middle = len(rows) // 2
-        self._store(table, rows[:middle], origins[:middle], refused)
-        self._store(table, rows[middle:], origins[middle:], refused)
+        self._store(table, rows[:middle], origins[:middle], refused, recompute=recompute)
+        self._store(table, rows[middle:], origins[middle:], refused, recompute=recompute)
 
-    def _insert(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+    def _insert(self, table: str, rows: list[tuple[Any, ...]], *, recompute: bool = True) -> None:
         from ablab.streaming.store import rollup
 
         self.client.insert(table, rows, column_names=list(TABLE_COLUMNS[table]))
         if table == "raw_events" and self.rollup:
             # after the raw insert, before the commit: a replay recomputes the same unit rows
-            recomputed = rollup.feed(self.client, rows)
-            self.stats.rollup_units += sum(recomputed.values())
+            touched = rollup.place(self.client, rows)
+            if recompute:
+                self.stats.rollup_units += sum(rollup.recompute_touched(self.client, touched).values())
+            else:
+                for exp, units in touched.items():
+                    before = len(self._dirty[exp])
+                    self._dirty[exp].update(units)
+                    self._dirty_count += len(self._dirty[exp]) - before
         self.stats.loaded[table] += len(rows)
 
     def _check_store(self, error: BaseException) -> None:
@@ -411,10 +526,12 @@ class Loader:
         """A row that failed on its own: take it out of raw_events again (its unit's rollup
         would fail on every later batch), then dead-letter it with the store's reason."""
         if table == "raw_events":
-            self.client.command(
-                "DELETE FROM raw_events WHERE type = {type:String} AND event_id = {event_id:String}",
-                parameters={"type": row[_RAW_TYPE], "event_id": row[_RAW_EVENT_ID]},
-            )
+            params = {"type": row[_RAW_TYPE], "event_id": row[_RAW_EVENT_ID]}
+            self.client.command("DELETE FROM raw_events WHERE type = {type:String} AND event_id = {event_id:String}",
+                                parameters=params)
+            if self.rollup:  # a copy placed before the recompute failed would fail every later one
+                for lookup in ("rollup_events", "rollup_traces", "rollup_labels"):
+                    self.client.command(f"DELETE FROM {lookup} WHERE event_id = {{event_id:String}}", parameters=params)
         message = f"{table}: {type(error).__name__}: {' '.join(str(error).split())[:400]}"
         return _DeadLetter(origin.topic, origin.partition, origin.offset, Rejection("$store", message), origin.raw)
 

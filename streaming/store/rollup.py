@@ -116,10 +116,20 @@ _MATCH_SQL = """
 def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
     """Steps 1–3 of the module docstring for one batch; returns units recomputed per experiment.
 
-    Call it after the batch's ``raw_events`` insert and before the offset commit. Labels and
-    billing records are placed at their unit (``rollup_labels``) as soon as both they and their
-    trace's inference pointer are loaded, in whichever batch completes the pair, so a unit's
-    recompute reads primary-key ranges only.
+    Call it after the batch's ``raw_events`` insert and before the offset commit. A loader
+    that defers the recompute over several batches calls :func:`place` per batch and
+    :func:`recompute_touched` once, before its commit.
+    """
+    return recompute_touched(client, place(client, raw_rows))
+
+
+def place(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, set[str]]:
+    """Steps 1–2 of the module docstring for one batch: the lookup rows written, labels and
+    billing records placed at their unit; returns the units touched, by experiment.
+
+    Labels and billing records are placed at their unit (``rollup_labels``) as soon as both
+    they and their trace's inference pointer are loaded, in whichever batch completes the
+    pair, so a unit's recompute reads primary-key ranges only.
     """
     unit_rows, fact_rows, units, traces = split_batch(raw_rows)
     if unit_rows:
@@ -147,10 +157,18 @@ def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
         ).result_rows
         for exp, unit in found:
             units[exp].add(unit)
+    return dict(units)
+
+
+def recompute_touched(client: "Client", units: Mapping[str, Iterable[str]]) -> dict[str, int]:
+    """Step 3 for the units :func:`place` returned (of one batch or several); returns units
+    recomputed per experiment."""
     done = {}
     for exp, touched in units.items():
-        recompute_units(client, exp, sorted(touched))
-        done[exp] = len(touched)
+        ordered = sorted(set(touched))
+        if ordered:
+            recompute_units(client, exp, ordered)
+            done[exp] = len(ordered)
     return done
 
 

@@ -189,3 +189,37 @@ def test_a_row_the_store_refuses_is_dead_lettered_alone_and_the_batch_is_stored(
     assert sum(loader.stats.committed.values()) == sent and sum(loader.stats.lag.values()) == 0
     messages = [r[0] for r in store.query("SELECT message FROM dead_letters FINAL WHERE field = '$store'").result_rows]
     assert all("raw_events" in m and "test_poison" in m for m in messages), messages
+
+
+def test_a_checkpoint_recompute_that_fails_on_data_is_replayed_batch_by_batch_and_the_row_refused(kafka_broker, store):
+    """A busy loader recomputes the units of several batches at one checkpoint. When that
+    recompute fails on data (here a CHECK constraint on ``unit_stats`` that one request's unit
+    breaks), no single row can be blamed: the loader rewinds to its last commit, replays the
+    stretch one checkpoint per batch, where the split isolates the request, dead-letters it
+    and keeps the rollup exact for every other unit."""
+    topics = PipelineTopics.unique("recompute-poison")
+    topics.create(bootstrap=kafka_broker)
+    good = ref.canned_stream(start=datetime(2026, 3, 5, tzinfo=UTC), windows=2, per_window=120, experiment="rpoison",
+                             duplicate_rate=0.0).inference
+    store.command("ALTER TABLE unit_stats ADD CONSTRAINT test_poison CHECK e2e_ms_sum != 4242.0")
+    poison = dict(good[7], event_id="poison", trace_id="poison", unit_id="poisoned-unit", e2e_ms=4242.0)
+    producer = RawProducer(kafka_broker)
+    sent = producer.send(topics.inference, [*good[:150], poison, *good[150:]])
+    producer.close()
+
+    # a long interval and a full topic: only catching up (or stopping) checkpoints
+    loader = Loader(store, kafka_broker, group_id=f"{topics.prefix}-loader", topics=(topics.inference,),
+                    windows_topic=topics.windows, deadletter_topic=topics.deadletter, batch_max_records=40,
+                    rollup_interval_s=600.0)
+    assert run_until_idle(loader) is None
+    assert loader.stats.rollup_replays >= 1, loader.stats.as_dict()
+    assert loader.stats.dead_lettered == {"$store": 1} and loader.stats.failures == 0
+    stored = store.query("SELECT event_id FROM raw_events FINAL WHERE experiment = 'rpoison'").result_rows
+    assert {r[0] for r in stored} == {e["event_id"] for e in good}
+    assert store.query("SELECT count() FROM rollup_events FINAL WHERE event_id = 'poison'").result_rows[0][0] == 0
+    requests, e2e = store.query(
+        "SELECT sum(requests), sum(e2e_ms_sum) FROM unit_stats FINAL WHERE experiment = 'rpoison'").result_rows[0]
+    assert requests == len(good) and e2e == pytest.approx(sum(e["e2e_ms"] for e in good), rel=1e-12)
+    assert sum(loader.stats.committed.values()) == sent and sum(loader.stats.lag.values()) == 0
+    message = store.query("SELECT message FROM dead_letters FINAL WHERE field = '$store'").result_rows[0][0]
+    assert "unit_stats" in message and "test_poison" in message, message

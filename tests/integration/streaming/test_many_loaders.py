@@ -29,15 +29,15 @@ EXPERIMENT = "many"
 
 
 class _DiesOnCommit(Loader):
-    """Dies between the store writes and the offset commit of its ``n``-th batch."""
+    """Dies between the store writes and the offset commit, at its first commit once it has
+    stored ``n`` batches (a checkpoint may cover several)."""
 
     def __init__(self, *args, n: int, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self._commits_left = n
+        self._n = n
 
     def _commit(self) -> None:
-        self._commits_left -= 1
-        if self._commits_left <= 0:
+        if self.stats.batches + 1 >= self._n:  # this batch is counted after its commit
             raise RuntimeError("simulated crash after insert, before commit")
         super()._commit()
 

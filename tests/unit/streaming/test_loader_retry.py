@@ -49,13 +49,13 @@ def test_a_store_outage_retries_the_same_batch_and_shows_as_failing():
     loader._origins["window_stats"] = [_Origin("ablab.windows", 0, i, b"{}") for i in range(5)]
     loader._pending_count = len(rows)
     seen: list[str] = []
-    original = loader.flush
+    original = loader._flush
 
-    def flush() -> None:
+    def flush(*, checkpoint: bool) -> None:
         seen.append(loader_verdict(loader.stats))
-        original()
+        original(checkpoint=checkpoint)
 
-    loader.flush = flush  # type: ignore[method-assign]
+    loader._flush = flush  # type: ignore[method-assign]
     loader._flush_until_stored(threading.Event())
     assert store.inserted == [rows]  # stored once, whole, after two failed attempts
     assert loader.stats.failures == 2 and loader.stats.consecutive_failures == 0 and loader.stats.bisections == 0

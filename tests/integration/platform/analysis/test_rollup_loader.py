@@ -60,7 +60,12 @@ def _json(row: pd.Series) -> dict:
     return out
 
 
-def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_late_labels(kafka_broker, store, monkeypatch):
+@pytest.mark.parametrize(("interval_s", "kill_at"), [(0.0, 3), (60.0, 1)], ids=["checkpoint-per-batch", "deferred-recompute"])
+def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_late_labels(kafka_broker, store, monkeypatch,
+                                                                                         interval_s, kill_at):
+    """Killed inside the rollup step, replayed, then late labels: the rollup equals the raw scan
+    and the offline analysis, whether each batch is its own checkpoint or several batches share
+    one recompute (a 60 s interval: only catching up or stopping checkpoints)."""
     events = _events()
     records = [_json(row) for _, row in events.iterrows()]
     bad = [r for r in records if isinstance(validate_event(json.dumps(r).encode()), Rejection)]
@@ -78,7 +83,8 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
     topics = PipelineTopics.unique("rlp")
     topics.create(bootstrap=kafka_broker)
     common = dict(group_id=f"{topics.prefix}-loader", topics=(topics.inference, topics.feedback),
-                  windows_topic=topics.windows, deadletter_topic=topics.deadletter, batch_max_records=400)
+                  windows_topic=topics.windows, deadletter_topic=topics.deadletter, batch_max_records=400,
+                  rollup_interval_s=interval_s)
     producer = RawProducer(kafka_broker)
     # phase 1: most requests (with producer-retry duplicates), exposures, labels of requests not yet sent
     producer.send(topics.inference, inference[:-150] + inference[:200:7])
@@ -93,14 +99,17 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
 
     def dies_on_third(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == kill_at:
             raise Killed("simulated crash in the middle of the rollup step")
         return real(*args, **kwargs)
 
     monkeypatch.setattr(rollup, "recompute_units", dies_on_third)
     assert isinstance(run_until_idle(Loader(store, kafka_broker, **common)), Killed)
     monkeypatch.setattr(rollup, "recompute_units", real)
-    assert run_until_idle(Loader(store, kafka_broker, **common)) is None
+    replay = Loader(store, kafka_broker, **common)
+    assert run_until_idle(replay) is None
+    if interval_s:  # several batches did share a checkpoint
+        assert replay.stats.checkpoints < replay.stats.batches, replay.stats.as_dict()
 
     # phase 2: the held-back requests (their labels are already loaded), then the late labels
     producer.send(topics.inference, inference[-150:])

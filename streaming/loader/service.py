@@ -211,7 +211,6 @@ class Loader:
         self.rollup_max_units = rollup_max_units
         # units stored since the last checkpoint, still to recompute (see the module docstring)
         self._dirty: dict[str, set[str]] = defaultdict(set)
-        self._dirty_count = 0
         self._uncommitted = False
         self._checkpoint_at = time.monotonic()
         # after a refused checkpoint recompute: positions until which every batch is its own checkpoint
@@ -329,7 +328,8 @@ class Loader:
         """Whether the batch being flushed ends with a recompute and a commit."""
         if not self.rollup or self.rollup_interval_s <= 0 or caught_up or self._replaying():
             return True
-        return now - self._checkpoint_at >= self.rollup_interval_s or self._dirty_count >= self.rollup_max_units
+        return (now - self._checkpoint_at >= self.rollup_interval_s
+                or sum(map(len, self._dirty.values())) >= self.rollup_max_units)
 
     def _replaying(self) -> bool:
         if not self._per_batch_until:
@@ -366,7 +366,6 @@ class Loader:
         """Forget what was stored since the last commit (it is read and stored again)."""
         self._discard_pending()
         self._dirty.clear()
-        self._dirty_count = 0
         self._uncommitted = False
 
     def _rejoin(self) -> None:
@@ -436,15 +435,13 @@ class Loader:
             self._failed(exc)
             raise
         had = bool(self._pending_count or self._dead)
-        self._discard_pending()
         if checkpoint:
-            self._dirty.clear()
-            self._dirty_count = 0
-            self._uncommitted = False
+            self._discard_uncommitted()
             self._checkpoint_at = time.monotonic()
             self.stats.checkpoints += 1
             self.stats.last_flush_at = time.time()
         else:
+            self._discard_pending()
             self._uncommitted = True
         if had:
             self.stats.batches += 1
@@ -511,9 +508,7 @@ class Loader:
                 self.stats.rollup_units += sum(rollup.recompute_touched(self.client, touched).values())
             else:
                 for exp, units in touched.items():
-                    before = len(self._dirty[exp])
-                    self._dirty[exp].update(units)
-                    self._dirty_count += len(self._dirty[exp]) - before
+                    self._dirty[exp] |= units
         self.stats.loaded[table] += len(rows)
 
     def _check_store(self, error: BaseException) -> None:

@@ -84,7 +84,7 @@ def test_when_a_checkpoint_is_due():
     assert loader._checkpoint_due(start + 1, caught_up=True)  # nothing more to read
     assert not loader._checkpoint_due(start + 1, caught_up=False)  # behind, recently checkpointed
     assert loader._checkpoint_due(start + 5, caught_up=False)  # the interval is up
-    loader._dirty_count = 3
+    loader._dirty["exp"] = {"a", "b", "c"}
     assert loader._checkpoint_due(start + 1, caught_up=False)  # too many units waiting
     assert Loader(_Store(), "unused:9092", rollup_interval_s=0)._checkpoint_due(start, caught_up=False)
     assert Loader(_Store(), "unused:9092", rollup=False)._checkpoint_due(start, caught_up=False)

@@ -58,13 +58,16 @@ VARIANTS = ("rollup", "rollup-per-batch", "no-rollup", "poll-only")
 DEFAULT_BATCH = 20_000  # the Loader's batch_max_records default
 
 
-def _events(requests: int, *, units: int, label_rate: float, seed: int) -> tuple[list[bytes], list[bytes], list[bytes]]:
+def _events(requests: int, *, units: int, label_rate: float, seed: int,
+            interval_ms: float = 5.0) -> tuple[list[bytes], list[bytes], list[bytes]]:
+    """Each request's inference and RUM event, a label for ``label_rate`` of them; request
+    times ``interval_ms`` apart, ending before now."""
     rng = random.Random(seed)
-    start = datetime.now(UTC) - timedelta(hours=1)
+    start = datetime.now(UTC) - timedelta(hours=1) - timedelta(milliseconds=requests * interval_ms)
     inference, rum, feedback = [], [], []
     for i in range(requests):
         trace = uuid.UUID(int=rng.getrandbits(128)).hex
-        ts = (start + timedelta(milliseconds=i * 5)).isoformat(timespec="milliseconds")
+        ts = (start + timedelta(milliseconds=i * interval_ms)).isoformat(timespec="milliseconds")
         ttft = rng.uniform(5, 100)
         e2e = ttft + rng.uniform(10, 1000)
         variant = "ab"[i % 2]

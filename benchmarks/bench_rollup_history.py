@@ -2,9 +2,13 @@
 
     .venv/bin/python benchmarks/bench_rollup_history.py
     .venv/bin/python benchmarks/bench_rollup_history.py --requests 200000 --units 500 --batch-records 20000
+    .venv/bin/python benchmarks/bench_rollup_history.py --requests 200000 --units 500 --request-interval-ms 90
 
-The per-unit rollup rewrites a touched unit from its whole history, so with a fixed set of
-users a long-running experiment makes every recompute read more. This loads the records of
+The per-unit rollup rewrites a touched unit's rows of the hours the batch touched, from all of
+that hour's requests of the unit. 200,000 requests 5 ms apart (the default) span 17 minutes,
+one or two hours, so every recompute reads about each touched unit's whole history, as the
+rollup did before it was kept by hour; ``--request-interval-ms 90`` spreads the same requests
+over five hours, and a recompute reads about an hour of each unit. This loads the records of
 ``bench_loader.py`` in arrival order (each request's inference and RUM event, a label for
 every other request) batch by batch, exactly as the loader's flush does (``route``, the
 ``raw_events`` insert, :func:`ablab.streaming.store.rollup.place`, then
@@ -37,17 +41,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--units", type=int, default=500, help="users the requests come from")
     parser.add_argument("--batch-records", type=int, default=20_000, help="records per flush")
     parser.add_argument("--checkpoint-every", type=int, default=1, help="batches per recompute")
+    parser.add_argument("--request-interval-ms", type=float, default=5.0, help="time between requests")
     parser.add_argument("--report-every", type=int, default=4, help="print a row every this many checkpoints")
     args = parser.parse_args(argv)
     if min(args.requests, args.units, args.batch_records, args.checkpoint_every, args.report_every) < 1:
         parser.error("every count must be at least 1")
+    if args.request_interval_ms <= 0:
+        parser.error("--request-interval-ms must be positive")
 
     from ablab.streaming.loader.rows import TABLE_COLUMNS, Routed, route
     from ablab.streaming.store import apply_ddl, make_client, rollup
 
     store = make_client(f"chdb://{Path(tempfile.mkdtemp(prefix='ablab-bench-history-'))}")
     apply_ddl(store)
-    inference, rum, feedback = _events(args.requests, units=args.units, label_rate=0.5, seed=7)
+    inference, rum, feedback = _events(args.requests, units=args.units, label_rate=0.5, seed=7,
+                                       interval_ms=args.request_interval_ms)
     labels = iter(feedback)
     records: list[tuple[str, bytes]] = []
     for i, (request, timing) in enumerate(zip(inference, rum)):
@@ -59,9 +67,10 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     table = Table(title=f"rollup step as histories grow: {args.units:,} units, {args.batch_records:,}-record batches, "
                         f"a recompute every {args.checkpoint_every} batch(es)")
-    for col in ("batches", "requests per unit", "recompute CPU ms per checkpoint", "insert + place + recompute µs/event"):
+    for col in ("batches", "requests per unit", "per unit and hour", "recompute CPU ms per checkpoint",
+                "insert + place + recompute µs/event"):
         table.add_column(col, justify="right")
-    dirty: dict[str, set[str]] = defaultdict(set)
+    dirty: dict[str, set[tuple[str, int]]] = defaultdict(set)
     spent, recompute_s, events, checkpoints = 0.0, 0.0, 0, 0
     with Progress(console=console) as progress:
         task = progress.add_task("loading", total=len(records))
@@ -84,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
                 spent += time.process_time() - began
                 events += len(rows)
                 if checkpoints % args.report_every == 0:
-                    loaded = store.query("SELECT count() FROM rollup_events").result_rows[0][0]
-                    table.add_row(str(n), f"{loaded / args.units:,.0f}", f"{1000 * recompute_s / args.report_every:,.0f}",
+                    loaded, unit_hours = store.query("SELECT count(), uniqExact(unit_id, hour) FROM rollup_events").result_rows[0]
+                    table.add_row(str(n), f"{loaded / args.units:,.0f}", f"{loaded / unit_hours:,.0f}",
+                                  f"{1000 * recompute_s / args.report_every:,.0f}",
                                   f"{1e6 * spent / events:.1f}")
                     spent, recompute_s, events = 0.0, 0.0, 0
             else:

@@ -97,7 +97,7 @@ INSERT INTO raw_events (event_id, type, ts, trace_id, experiment, variant, unit_
                         output_tokens, cost_usd, price_version, error, strategy, source, payload, kafka_partition, kafka_offset,
                         measures, dims)
 SELECT concat('i', toString(number)), 'inference',
-       toDateTime64('2026-12-01 00:00:00', 3, 'UTC') + toIntervalMillisecond(intDiv(number * 3600000, {n:UInt64})),
+       toDateTime64('2026-12-01 00:00:00', 3, 'UTC') + toIntervalMillisecond(intDiv(number * {span_ms:UInt64}, {n:UInt64})),
        concat('t', toString(number)), 'bench', if(u % 2 = 0, 'control', 'compressed'), concat('u', toString(u)),
        120 * exp(randNormal(0, 0.35)) * if(u % 2 = 0, 1.0, 0.9) AS ttft,
        ttft + 40 * 18 * exp(randNormal(0, 0.2)) * if(u % 2 = 0, 1.0, 0.9),
@@ -141,7 +141,7 @@ def _loader_batch(n: int, units: int, seed: int) -> list[tuple]:
     return rows
 
 
-def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None:
+def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: int = 1) -> None:
     from ablab.platform.analytics.results import results, results_from_raw
     from ablab.streaming.store.rollup import sync as sync_rollup
     from ablab.streaming.loader.rows import RAW_COLUMNS
@@ -153,13 +153,14 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None
     # 85 % inference, 15 % labels (every 6th request is labelled, late), plus one exposure per user
     n_inf = int((rows - units) / (1 + 1 / 5.67))
     t = time.perf_counter()
-    client.command(INSERT_INFERENCE, parameters={"n": n_inf, "units": units})
+    # the requests spread evenly over `hours` (the rollup keeps a row per unit and hour)
+    client.command(INSERT_INFERENCE, parameters={"n": n_inf, "units": units, "span_ms": hours * 3_600_000})
     client.command(INSERT_FEEDBACK, parameters={"n": n_inf, "every": 6})
     client.command(INSERT_EXPOSURE, parameters={"units": units})
     client.command("OPTIMIZE TABLE raw_events FINAL")
     total = client.query("SELECT count() FROM raw_events").result_rows[0][0]
     print(f"[store] loaded {total:,} raw events into chDB in {time.perf_counter() - t:.1f} s "
-          f"({n_inf:,} inference, {units:,} users)")
+          f"({n_inf:,} inference, {units:,} users, over {hours} h)")
     spec = parse_spec({**SPEC, "key": "bench"})
     # the events went straight into raw_events (not through the loader): copy them into the
     # rollup's lookup tables as migration 0006 does, then let the first read compute every unit
@@ -168,7 +169,9 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True) -> None
     print(f"[rollup] backfilled unit_events/trace_facts from raw in {time.perf_counter() - t:.1f} s (one-off)")
     t = time.perf_counter()
     repaired = sync_rollup(client, spec)
-    print(f"[rollup] maintenance step computed {repaired['missing']:,} units in {time.perf_counter() - t:.1f} s (one-off)")
+    unit_rows = client.query("SELECT count() FROM unit_stats FINAL").result_rows[0][0]
+    print(f"[rollup] maintenance step computed {repaired['missing']:,} units ({unit_rows:,} unit-hour rows) "
+          f"in {time.perf_counter() - t:.1f} s (one-off)")
     times, cpu = [], []
     for _ in range(repeat):
         c0 = _self_cpu()
@@ -263,6 +266,7 @@ def main() -> None:
     ap.add_argument("--skip-store", action="store_true")
     ap.add_argument("--skip-cli", action="store_true")
     ap.add_argument("--skip-raw", action="store_true", help="time only the rollup read on the store")
+    ap.add_argument("--store-hours", type=int, default=1, help="hours the store's requests span")
     args = ap.parse_args()
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; load avg {os.getloadavg()[0]:.2f}")
     work = Path(tempfile.mkdtemp(prefix="ablab-bench-stats-"))
@@ -270,7 +274,7 @@ def main() -> None:
         if not args.skip_cli:
             bench_cli(args.rows, args.repeat, work)
         if not args.skip_store:
-            bench_store(args.store_rows, args.repeat, work, raw=not args.skip_raw)
+            bench_store(args.store_rows, args.repeat, work, raw=not args.skip_raw, hours=args.store_hours)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -93,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
                 spent += time.process_time() - began
                 events += len(rows)
                 if checkpoints % args.report_every == 0:
-                    loaded, unit_hours = store.query("SELECT count(), uniqExact(unit_id, hour) FROM rollup_events").result_rows[0]
+                    loaded, unit_hours = store.query(
+                        "SELECT count(), uniqExact(unit_id, toStartOfHour(ts)) FROM rollup_events").result_rows[0]
                     table.add_row(str(n), f"{loaded / args.units:,.0f}", f"{loaded / unit_hours:,.0f}",
                                   f"{1000 * recompute_s / args.report_every:,.0f}",
                                   f"{1e6 * spent / events:.1f}")

@@ -1,20 +1,23 @@
--- The rollup by (unit, hour): a unit's recompute reads and rewrites only the hours a batch
--- touched, not the unit's whole history.
+-- The rollup in two levels, so that a unit's recompute no longer reads its whole history.
 --
 -- Before this file a touched unit was recomputed from every request it ever made, so with a
 -- fixed set of users each batch read more than the last (276 → 704 ms per 20,000-record
--- batch between 64 and 384 requests per unit, benchmarks/bench_rollup_history.py). Every
--- per-unit column is a sum (or a min/max) over the unit's requests, so a unit's row is the
--- sum of its rows per hour; the results reader sums them.
+-- batch between 64 and 384 requests per unit, benchmarks/bench_rollup_history.py). Now the
+-- loader recomputes the touched units' *hours* from their requests (unit_hour_stats,
+-- unit_hour_segment_stats: one row per unit and hour of its requests), then each touched
+-- unit's row (unit_stats, unit_segment_stats, unchanged) as the sum of its hours' rows: every
+-- per-unit column is a sum, a minimum or a maximum over requests. Results still read one row
+-- per unit; a recompute reads one hour of requests and one row per hour the unit was active.
 --
 -- `hour` is the request's hour since the epoch, rounded down (negative before 1970): in
--- rollup_events and the stats tables the request's own, in rollup_labels the hour of the
+-- rollup_events and the hour tables the request's own, in rollup_labels the hour of the
 -- request a label or bill belongs to. Python's copy of the expression is
--- ablab.streaming.store.rollup.hour_of, checked against this one by the integration tests.
+-- ablab.streaming.store.rollup.hour_of, checked against this one by the tests.
 --
--- Nothing here is primary data: rollup_events is rebuilt from raw_events, rollup_labels from
--- rollup_traces, and unit_stats/unit_segment_stats are recomputed by the maintenance pass.
--- Each statement drops and rebuilds, so a file cut short by a crash is simply run again.
+-- Nothing dropped here is primary data: rollup_events is rebuilt from raw_events,
+-- rollup_labels from rollup_traces, and the hour tables are computed by the maintenance pass
+-- (ensure_fresh), which the marker row below asks for. Each statement drops and rebuilds (or
+-- inserts a row that collapses), so a file cut short by a crash is simply run again.
 
 DROP TABLE IF EXISTS rollup_events;
 
@@ -76,12 +79,11 @@ FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd, score FROM rollup_
 INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id, toInt32(floor(toUnixTimestamp64Milli(ts) / 3600000)) AS hour FROM rollup_traces
             WHERE type = 'inference') AS p ON p.trace_id = f.trace_id;
 
-DROP TABLE IF EXISTS unit_stats;
+DROP TABLE IF EXISTS unit_hour_stats;
 
--- One row per (experiment, variant, unit, hour): the per-unit columns of
--- ablab.platform.stats.unit_agg over the unit's requests of that hour. The newest computation
--- wins (computed_at); read with FINAL and summed per unit.
-CREATE TABLE unit_stats
+-- One row per (experiment, variant, unit, hour): unit_stats' columns over the unit's requests
+-- of that hour. The newest computation wins (computed_at); read with FINAL.
+CREATE TABLE unit_hour_stats
 (
     experiment LowCardinality(String),
     variant    LowCardinality(String),
@@ -110,23 +112,24 @@ CREATE TABLE unit_stats
 ENGINE = ReplacingMergeTree(computed_at)
 ORDER BY (experiment, variant, unit_id, hour);
 
--- One stale marker row per experiment with loaded requests (no variant, no unit, hour 0):
--- results read raw_events until the maintenance pass (ensure_fresh) has recomputed the
--- experiment and removed the marker.
-INSERT INTO unit_stats (experiment, variant, unit_id, hour, events, requests, errors, e2e_ms_sum, e2e_ms_n, e2e_ms_sq,
+-- One stale marker row per experiment with loaded requests (no variant, no unit): results read
+-- raw_events until the maintenance pass (ensure_fresh) has computed the experiment's hours,
+-- recomputed its units from them and removed the marker.
+INSERT INTO unit_stats (experiment, variant, unit_id, events, requests, errors, e2e_ms_sum, e2e_ms_n, e2e_ms_sq,
                         ttft_ms_sum, ttft_ms_n, ttft_ms_sq, tpot_ms_sum, tpot_ms_n, cost_usd_sum, labeled, correct,
                         labeled_cost_usd_sum, good, min_ts, max_ts, slo_key, rollup_version, computed_at)
-SELECT DISTINCT experiment, '', '', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+SELECT DISTINCT experiment, '', '', 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
        toDateTime64(0, 3, 'UTC'), toDateTime64(0, 3, 'UTC'), '', 0, toDateTime64(0, 6, 'UTC')
 FROM rollup_events;
 
-DROP TABLE IF EXISTS unit_segment_stats;
+DROP TABLE IF EXISTS unit_hour_segment_stats;
 
--- The same columns per (unit, hour, dimension, value) for every dimension the requests of
--- that unit and hour carry; a request of that unit and hour without the dimension counts
--- under "(none)". An hour of a unit none of whose requests carry a dimension has no row for
--- it: all its requests are "(none)", its unit_stats row (the reader adds them).
-CREATE TABLE unit_segment_stats
+-- unit_segment_stats' columns per (unit, hour, dimension, value) for every dimension the
+-- requests of that unit and hour carry; a request of that hour without the dimension counts
+-- under "(none)". An hour none of whose requests carry a dimension has no row for it; when the
+-- unit carries it in another hour, that hour's requests count under "(none)" in the unit's
+-- row (its unit_hour_stats row is added there).
+CREATE TABLE unit_hour_segment_stats
 (
     experiment LowCardinality(String),
     dim        LowCardinality(String),

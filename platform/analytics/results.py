@@ -4,8 +4,8 @@ Read only: nothing here writes (the rollup is kept fresh by the loader and by it
 maintenance step, ``AnalyticsBackend.sync_rollup``, run when an experiment is created or
 changed and by the monitor's pass). Two sources of per-unit rows:
 
-- the per-unit rollup ``unit_stats`` / ``unit_segment_stats`` (one row per unit and hour of
-  its requests, and per unit, hour and segment value; summed per unit here), when it can give every column of the plan exactly (the rule:
+- the per-unit rollup ``unit_stats`` / ``unit_segment_stats`` (about one row per unit, and per
+  unit and segment value), when it can give every column of the plan exactly (the rule:
   :func:`ablab.platform.stats.unit_agg.rollup_unsupported`) and is current (computed under the
   experiment's SLOs, segment choice and layout, no request before ``start``);
 - otherwise one scan of ``raw_events`` rendered from the experiment's per-unit plan
@@ -143,10 +143,9 @@ def rollup_current(client: "Client", spec: ExperimentSpec) -> bool:
     return not stale
 
 
-def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan) -> Segments:
+def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, units: dict[str, np.ndarray]) -> Segments:
     """Per-segment statistics from ``unit_segment_stats``: the top values by requests, the
-    rest folded into "(other)"; an hour of a unit with no row for a dimension is all "(none)"
-    (its ``unit_stats`` row)."""
+    rest folded into "(other)"; a unit with no row for a dimension is all "(none)"."""
     out: Segments = {}
     base = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
     for dim in plan.segments:
@@ -156,35 +155,40 @@ def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan) 
             "AND dim = {dim:String} AND variant IN {variants:Array(String)} AND value != {none:String} "
             f"GROUP BY value HAVING c > 0 ORDER BY c DESC, value LIMIT {ua.MAX_SEGMENT_VALUES + 1}",
             parameters={**p, "none": ua.NONE}).result_rows]
+        fold = len(top) > ua.MAX_SEGMENT_VALUES  # else every value shows and rows need no summing
         top = top[:ua.MAX_SEGMENT_VALUES]
         # rows come back as integer codes (a value's and a variant's index into the sorted
         # lists below), so nothing downstream converts or sorts strings
         labels = sorted({*top, ua.NONE, ua.OTHER})
         variants = sorted(base["variants"])
         p.update(top=top, none=ua.NONE, other=ua.OTHER, labels=labels, variant_keys=variants)
-        # the plan's columns per (unit, hour, value) row first (map lookups), then summed per
-        # unit and shown value; an hour of a unit without the dimension counts as "(none)"
-        codes = ("toUInt32(indexOf({variant_keys:Array(String)}, variant) - 1) AS variant_code, "
-                 "cityHash64(unit_id) AS unit_code")
+        # the plan's columns per row first (map lookups), then the folded values summed
+        cols = [c.name for c in plan.columns]
+        select = ua.rollup_select(plan, ua.ROLLUP_SUMS, p)
         rows = f"""
-            SELECT {codes},
+            SELECT toUInt32(indexOf({{variant_keys:Array(String)}}, variant) - 1) AS variant_code, cityHash64(unit_id) AS unit_id,
                    toUInt32(indexOf({{labels:Array(String)}},
                                     if(value = {{none:String}} OR has({{top:Array(String)}}, value), value, {{other:String}})) - 1) AS segment_code,
-                   {ua.rollup_select(plan, ua.ROLLUP_SUMS, p)}
+                   {select}
             FROM unit_segment_stats FINAL
             WHERE experiment = {{experiment:String}} AND dim = {{dim:String}} AND variant IN {{variants:Array(String)}}
-              AND requests > 0
-            UNION ALL
-            SELECT {codes}, toUInt32(indexOf({{labels:Array(String)}}, {{none:String}}) - 1) AS segment_code,
-                   {ua.rollup_select(plan, ua.ROLLUP_SUMS, p)}
-            FROM unit_stats FINAL
-            WHERE experiment = {{experiment:String}} AND variant IN {{variants:Array(String)}} AND requests > 0
-              AND (variant, unit_id, hour) NOT IN (SELECT variant, unit_id, hour FROM unit_segment_stats FINAL
-                                                   WHERE experiment = {{experiment:String}} AND dim = {{dim:String}})"""
-        sums = ", ".join(f"sum(`{c.name}`) AS `{c.name}`" for c in plan.columns)
-        seg = _columns(client, f"SELECT variant_code, unit_code, segment_code, {sums} FROM ({rows}) "
-                               "GROUP BY variant_code, unit_code, segment_code", p)
-        seg["variant"], seg["unit_id"], seg["segment"] = seg.pop("variant_code"), seg.pop("unit_code"), seg.pop("segment_code")
+              AND requests > 0"""
+        if fold:
+            sums = ", ".join(f"sum(`{c}`) AS `{c}`" for c in cols)
+            sql = f"SELECT variant_code, unit_id, segment_code, {sums} FROM ({rows}) GROUP BY variant_code, unit_id, segment_code"
+        else:
+            sql = rows
+        seg = _columns(client, sql, p)
+        seg["variant"], seg["segment"] = seg.pop("variant_code"), seg.pop("segment_code")
+        # a unit whose requests never carry the dimension has no row: its whole row is "(none)"
+        unit_variant = np.searchsorted(np.asarray(variants, dtype=object), np.asarray(units["variant"], dtype=object))
+        rest = np.ones(units["unit_id"].size, dtype=bool)
+        for code in np.unique(unit_variant):
+            mine = unit_variant == code
+            rest[mine] = ~np.isin(units["unit_id"][mine], seg["unit_id"][seg["variant"] == code])
+        n_rest = int(rest.sum())
+        fill = {"variant": unit_variant[rest], "segment": np.full(n_rest, labels.index(ua.NONE), dtype=np.uint32)}
+        seg = {k: np.concatenate([np.asarray(v), fill[k] if k in fill else np.asarray(units[k])[rest]]) for k, v in seg.items()}
         ua.attach_pre(plan, seg, seg["unit_id"], None)
         out[f"dims.{dim}"] = segment_stats_from_units(seg, names=labels, variants=variants, cuped=spec.cuped, custom=spec.custom)
     return out
@@ -192,21 +196,17 @@ def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan) 
 
 def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
     """Per-variant (and per-segment) statistics from ``unit_stats`` / ``unit_segment_stats``
-    (one row per unit and hour, and per unit, hour and segment value), read only."""
+    (about one row per unit, and per unit and segment value), read only."""
     plan = ua.plan(spec)
     why = ua.rollup_unsupported(plan, spec, ua.ROLLUP_SUMS)
     if why:
         raise ValueError(f"experiment {spec.key!r}: the per-unit rollup cannot give {why}")
     p: dict[str, Any] = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
-    # the plan's columns per (unit, hour) row (map lookups), then summed per unit
-    sums = ", ".join(f"sum(`{c.name}`) AS `{c.name}`" for c in plan.columns)
     units = _columns(
         client,
-        f"SELECT variant, unit_code AS unit_id, {sums} FROM ("
-        f"  SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_code, {ua.rollup_select(plan, ua.ROLLUP_SUMS, p)} "
-        "   FROM unit_stats FINAL "
-        "   WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} AND requests > 0"
-        ") GROUP BY variant, unit_code",
+        f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, {ua.rollup_select(plan, ua.ROLLUP_SUMS, p)} "
+        "FROM unit_stats FINAL "
+        "WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} AND requests > 0",
         p,
     )
     ua.attach_pre(plan, units, units["unit_id"], None)  # no request precedes start (rollup_current)
@@ -233,7 +233,7 @@ def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggre
     span = (max(r[2] for r in per_variant) - min(r[1] for r in per_variant)) / 1000 if per_variant else 0.0
     durations = {v.key: span for v in spec.variants} if span > 0 else None
     stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
-    segments = _rollup_segments(client, spec, plan) if plan.segments else None
+    segments = _rollup_segments(client, spec, plan, units) if plan.segments else None
     return StoreAggregates(stats, _exposures(client, spec, final=False), segments, "rollup", units, histograms)
 
 

@@ -1,11 +1,14 @@
 """The per-unit rollup (``unit_stats`` and ``unit_segment_stats``, migrations 0006–0014): fed by
 the loader, read by results.
 
-A unit's rollup is kept per hour of its requests (``hour``: hours since the epoch, rounded
-down; :func:`hour_of`): every per-unit column is a sum, a minimum or a maximum over requests,
-so a unit's value is the sum of its hours' rows, and the results reader sums them. A batch
-rewrites only the (unit, hour) rows it touched, so a recompute reads one hour of a unit's
-history, however long the experiment has run.
+The rollup has two levels (migration 0014). ``unit_hour_stats`` and
+``unit_hour_segment_stats`` hold the same columns per unit and hour of its requests (``hour``:
+hours since the epoch, rounded down; :func:`hour_of`); ``unit_stats`` and
+``unit_segment_stats``, what results read, hold one row per unit, the sum of its hours' rows
+(every per-unit column is a sum, a minimum or a maximum over requests). A batch recomputes the
+(unit, hour) rows it touched from that hour's requests, then each touched unit from its hours:
+a recompute reads one hour of a unit's requests and one row per hour it was active, not its
+whole history.
 
 Besides the built-in columns, each unit row keeps, per nullable source (the catalogue
 fields, ``score``, ``correct``, ``measures.<name>``), Σ value, count, Σ value² and Σ cost_usd in
@@ -25,9 +28,10 @@ Idempotence comes from recomputation, not accumulation. For each batch the loade
    plus, for labels and billing records, the unit and hour of their trace's request (looked up
    by ``trace_id`` in ``rollup_traces``; a label that arrives before its inference event is
    picked up when that event arrives);
-3. recomputes those pairs' ``unit_stats`` and ``unit_segment_stats`` rows from ``rollup_events``/``rollup_labels`` read with
-   ``FINAL`` (primary-key ranges of the touched units and hours only) and
-   inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
+3. recomputes those pairs' hour rows from ``rollup_events``/``rollup_labels`` read with
+   ``FINAL`` (primary-key ranges of the touched units and hours only), then the touched units'
+   ``unit_stats``/``unit_segment_stats`` rows from their hour rows, and inserts them
+   (ReplacingMergeTree on ``computed_at``: the newest computation wins).
 
 Only after that does it commit the Kafka offsets. A crash at any point replays the batch,
 which rewrites the same rows and the same unit values: nothing is added to a running
@@ -294,50 +298,86 @@ def _inner_sql(where: str, *, segments: bool) -> str:
             ) AS l ON l.trace_id = e.trace_id"""
 
 
-_SCOPES = {  # which rows of an experiment one recompute rewrites
-    "experiment": "experiment = {experiment:String}",
-    "units": "experiment = {experiment:String} AND unit_id IN {units:Array(String)}",
+_SCOPES = {  # which rows of an experiment one recompute rewrites: (its hours, its units)
+    "experiment": ("experiment = {experiment:String}",) * 2,
+    "units": ("experiment = {experiment:String} AND unit_id IN {units:Array(String)}",) * 2,
     # the unit list lets the primary key skip other units first; the pairs pick their hours
-    "hours": "experiment = {experiment:String} AND unit_id IN {units:Array(String)} "
-             "AND (unit_id, hour) IN {hours:Array(Tuple(String, Int32))}",
+    "hours": ("experiment = {experiment:String} AND unit_id IN {units:Array(String)} "
+              "AND (unit_id, hour) IN {hours:Array(Tuple(String, Int32))}",
+              "experiment = {experiment:String} AND unit_id IN {units:Array(String)}"),
 }
 
 
-def _recompute_sql(scope: str) -> tuple[str, str]:
-    """(the unit_stats insert, the unit_segment_stats insert) of the scope's (unit, hour) rows."""
-    where = _SCOPES[scope]
+def _recompute_sql(scope: str) -> tuple[list[str], list[str]]:
+    """The scope's statements, in order: (unit rows, segment rows), each a list of the hours'
+    insert from requests and then the units' insert from their hours."""
+    hours, units = _SCOPES[scope]
     cols = f"{', '.join(ROLLUP_SUMS)}, {', '.join(ROLLUP_MAPS)}"
-    units = f"""
-        INSERT INTO unit_stats (experiment, variant, unit_id, hour, events, {cols},
-                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
+    # a unit's columns from its hours' rows: sums, and the per-source maps summed per key
+    sums = ", ".join([*(f"sum({c})" for c in ROLLUP_SUMS), *(f"sumMap({m})" for m in ROLLUP_MAPS)])
+    hour_rows = f"""
+        INSERT INTO unit_hour_stats (experiment, variant, unit_id, hour, events, {cols},
+                                     e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
         SELECT {{experiment:String}}, variant, unit_id, hour, {_SUMS_SQL},
                (sumMapIf([hb_e2e], [toUInt64(e2e_ms IS NOT NULL)], valid) AS h_e2e).1, h_e2e.2,
                (sumMapIf([hb_ttft], [toUInt64(ttft_ms IS NOT NULL)], valid) AS h_ttft).1, h_ttft.2,
                if(countIf(valid) > 0, minIf(ts, valid), min(ts)), if(countIf(valid) > 0, maxIf(ts, valid), max(ts)),
                {{slo_key:String}}, {ROLLUP_VERSION}, now64(6)
-        FROM ({_inner_sql(where, segments=False)})
+        FROM ({_inner_sql(hours, segments=False)})
         GROUP BY variant, unit_id, hour
         SETTINGS join_use_nulls = 0
     """
+    # an hour computed under other SLOs (a change the maintenance step has not caught up with)
+    # leaves its unit stale ('' is no key), so the maintenance step recomputes the whole unit
+    unit_rows = f"""
+        INSERT INTO unit_stats (experiment, variant, unit_id, events, {cols},
+                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
+        SELECT {{experiment:String}}, variant, unit_id, sum(events), {sums},
+               (sumMap(e2e_buckets, e2e_counts) AS h_e2e).1, h_e2e.2, (sumMap(ttft_buckets, ttft_counts) AS h_ttft).1, h_ttft.2,
+               if(sum(requests) > 0, minIf(min_ts, requests > 0), min(min_ts)),
+               if(sum(requests) > 0, maxIf(max_ts, requests > 0), max(max_ts)),
+               if(countIf(slo_key != {{slo_key:String}}) = 0, {{slo_key:String}}, ''), min(rollup_version), now64(6)
+        FROM unit_hour_stats FINAL WHERE {units}
+        GROUP BY variant, unit_id
+    """
     # each request counts under each dimension its unit's requests of that hour carry: its own
     # value, or "(none)"
-    segments = f"""
-        INSERT INTO unit_segment_stats (experiment, dim, value, variant, unit_id, hour, events, {cols}, slo_key, computed_at)
+    hour_segments = f"""
+        INSERT INTO unit_hour_segment_stats (experiment, dim, value, variant, unit_id, hour, events, {cols}, slo_key, computed_at)
         SELECT {{experiment:String}}, dv.1, dv.2, variant, unit_id, hour, {_SUMS_SQL}, {{slo_key:String}}, now64(6)
-        FROM ({_inner_sql(where, segments=True)})
+        FROM ({_inner_sql(hours, segments=True)})
         ARRAY JOIN arrayConcat(arrayZip(mapKeys(dims), mapValues(dims)),
                                arrayMap(k -> (k, '(none)'), arrayFilter(k -> NOT mapContains(dims, k), unit_dims))) AS dv
         GROUP BY dv, variant, unit_id, hour
         SETTINGS join_use_nulls = 0
     """
-    return units, segments
+    # ... and, over the unit, under each dimension any of its requests carries: an hour without
+    # the dimension has no row for it, so its requests (its unit_hour_stats row) are "(none)"
+    unit_segments = f"""
+        INSERT INTO unit_segment_stats (experiment, dim, value, variant, unit_id, events, {cols}, slo_key, computed_at)
+        SELECT {{experiment:String}}, dim, value, variant, unit_id, sum(events), {sums}, {{slo_key:String}}, now64(6)
+        FROM (
+            SELECT toString(dim) AS dim, value, toString(variant) AS variant, unit_id, events, {cols}
+            FROM unit_hour_segment_stats FINAL WHERE {units}
+            UNION ALL
+            SELECT d.dim AS dim, '(none)' AS value, toString(h.variant) AS variant, h.unit_id AS unit_id, h.events AS events,
+                   {', '.join(f"h.{c} AS {c}" for c in (*ROLLUP_SUMS, *ROLLUP_MAPS))}
+            FROM (SELECT * FROM unit_hour_stats FINAL WHERE {units}) AS h
+            INNER JOIN (SELECT DISTINCT toString(variant) AS variant, unit_id, toString(dim) AS dim
+                        FROM unit_hour_segment_stats FINAL WHERE {units}) AS d
+                ON d.variant = toString(h.variant) AND d.unit_id = h.unit_id
+            WHERE (toString(h.variant), h.unit_id, h.hour, d.dim) NOT IN
+                  (SELECT toString(variant), unit_id, hour, toString(dim) FROM unit_hour_segment_stats FINAL WHERE {units})
+        )
+        GROUP BY dim, value, variant, unit_id
+    """
+    return [hour_rows, unit_rows], [hour_segments, unit_segments]
 
 
 def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:
-    """Rewrite the ``unit_stats`` rows of ``units``, every hour of them (None: every unit of
-    the experiment) and, for an experiment that declares segments, their
-    ``unit_segment_stats`` rows, from ``rollup_events``/``rollup_labels`` under the
-    experiment's current SLOs."""
+    """Rewrite every hour row of ``units`` (None: every unit of the experiment) from
+    ``rollup_events``/``rollup_labels`` under the experiment's current SLOs, then their
+    ``unit_stats`` rows and, for an experiment that declares segments, their segment rows."""
     if units is None:
         _recompute(client, experiment, "experiment", [{}])
     else:
@@ -346,7 +386,8 @@ def recompute_units(client: "Client", experiment: str, units: Sequence[str] | No
 
 
 def recompute_hours(client: "Client", experiment: str, pairs: Sequence[tuple[str, int]]) -> None:
-    """:func:`recompute_units` for the given (unit, hour) rows only (what a batch touched)."""
+    """:func:`recompute_units` for the given (unit, hour) rows only (what a batch touched):
+    those hours from their requests, then their units from all of their hours."""
     chunks = [pairs[i:i + _UNITS_PER_RECOMPUTE] for i in range(0, len(pairs), _UNITS_PER_RECOMPUTE)]
     _recompute(client, experiment, "hours", [
         {"units": sorted({u for u, _ in chunk}), "hours": [(u, int(h)) for u, h in chunk]} for chunk in chunks])
@@ -356,7 +397,7 @@ def _recompute(client: "Client", experiment: str, scope: str, chunks: Sequence[M
     key, bounds = current_slos(client, experiment)
     params: dict[str, Any] = {"experiment": experiment, "slo_key": key, **{f"slo_{c}": b for c, b in bounds.items()}}
     unit_sql, segment_sql = _recompute_sql(scope)
-    statements = [unit_sql, segment_sql] if key_keeps_segments(key) else [unit_sql]
+    statements = [*unit_sql, *segment_sql] if key_keeps_segments(key) else unit_sql
     with batch_lock:  # one recompute at a time: the newest computed_at saw the most events
         for chunk in chunks:
             for sql in statements:

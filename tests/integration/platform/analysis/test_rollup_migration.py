@@ -1,8 +1,8 @@
-"""Migration 0014 (the rollup by unit and hour) on a store that already holds events: the
-lookup tables are rebuilt from what is loaded, the old per-unit rows are gone, results read
-the raw events until the maintenance step has recomputed the experiment, and then the
-rollup (one row per unit and hour) gives the offline analysis's results. Running the file
-again, as after a crash before it was recorded, changes nothing.
+"""Migration 0014 (the rollup in two levels, units and their hours) on a store that already
+holds events: the lookup tables are rebuilt by hour from what is loaded, results read the raw
+events until the maintenance step has computed the experiment's hours and its units from
+them, and then the rollup gives the offline analysis's results. Running the file again, as
+after a crash before it was recorded, changes nothing.
 
 chDB allows one data directory per process, so the store side runs in a child process.
 """
@@ -69,6 +69,7 @@ CHILD = textwrap.dedent("""
             "events": count("SELECT count() FROM rollup_events FINAL"),
             "labels": count("SELECT count() FROM rollup_labels FINAL"),
             "stats": count("SELECT count() FROM unit_stats FINAL"),
+            "hour_rows": count("SELECT count() FROM unit_hour_stats FINAL"),
             "markers": count("SELECT count() FROM unit_stats FINAL WHERE variant = '' AND unit_id = ''"),
             "wrong_hours": count("SELECT count() FROM rollup_events FINAL WHERE hour != intDiv(toUnixTimestamp(ts), 3600)"),
             "label_hours": count("SELECT count() FROM rollup_labels AS l FINAL INNER JOIN "
@@ -108,12 +109,12 @@ def test_migration_0014_rebuilds_the_rollup_by_hour_and_reads_raw_until_it_is_re
     after = out["after"]
     assert after["events"] == len(inference) and after["wrong_hours"] == 0
     assert after["labels"] == after["label_hours"] == len(labelled) > 0  # each at its request's hour
-    assert after["stats"] == after["markers"] == 1  # the old whole-unit rows are gone; one marker
+    units = inference["unit_id"].nunique()
+    assert after["markers"] == 1 and after["stats"] == units + 1 and after["hour_rows"] == 0
     assert out["again"] == after
     assert out["source_before_sync"] == "raw"
-    assert out["repaired"]["missing"] == inference["unit_id"].nunique()
+    assert out["repaired"]["missing"] == units
     synced = out["synced"]
-    assert synced["markers"] == 0 and synced["stats"] == out["unit_hours"]
-    assert out["unit_hours"] > inference["unit_id"].nunique()  # units span hours
+    assert synced["markers"] == 0 and synced["stats"] == units and synced["hour_rows"] == out["unit_hours"] > units
     assert out["source_after_sync"] == "rollup"
     assert_same_results(out["rollup"], analyze_events(events, parse_spec(spec_data))[0])

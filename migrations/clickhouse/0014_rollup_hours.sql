@@ -82,7 +82,8 @@ INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id, toInt32(floor(toUnixT
 DROP TABLE IF EXISTS unit_hour_stats;
 
 -- One row per (experiment, variant, unit, hour): unit_stats' columns over the unit's requests
--- of that hour. The newest computation wins (computed_at); read with FINAL.
+-- of that hour. The newest computation wins (computed_at); read with FINAL. 256-row granules,
+-- as in 0008: a recompute reads the hours of a few hundred random units.
 CREATE TABLE unit_hour_stats
 (
     experiment LowCardinality(String),
@@ -110,7 +111,8 @@ CREATE TABLE unit_hour_stats
     computed_at DateTime64(6, 'UTC')
 )
 ENGINE = ReplacingMergeTree(computed_at)
-ORDER BY (experiment, variant, unit_id, hour);
+ORDER BY (experiment, variant, unit_id, hour)
+SETTINGS index_granularity = 256;
 
 -- One stale marker row per experiment with loaded requests (no variant, no unit): results read
 -- raw_events until the maintenance pass (ensure_fresh) has computed the experiment's hours,
@@ -155,4 +157,4 @@ CREATE TABLE unit_hour_segment_stats
 )
 ENGINE = ReplacingMergeTree(computed_at)
 ORDER BY (experiment, dim, variant, unit_id, hour, value)
-SETTINGS index_granularity = 1024
+SETTINGS index_granularity = 256

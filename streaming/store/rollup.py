@@ -235,8 +235,8 @@ batch_lock = threading.RLock()
 
 
 STALE_SQL = f"(slo_key != {{key:String}} OR rollup_version < {ROLLUP_VERSION})"
-# migration 0014's row for an experiment whose rollup it dropped: stale until ensure_fresh
-# has recomputed every unit
+# migration 0014's row for an experiment loaded before it: stale (results scan raw_events)
+# until ensure_fresh has computed the experiment's hour rows and every unit from them
 MARKER_SQL = "(variant = '' AND unit_id = '')"
 
 # the unit's columns, from the per-request rows of _inner_sql (valid: what the raw scan counts)

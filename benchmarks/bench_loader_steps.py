@@ -13,7 +13,7 @@ statement goes through a timing wrapper that files it under a step by what it do
 - ``raw insert``: the ``raw_events`` insert;
 - ``rollup copy``: the ``rollup_events``/``rollup_traces`` inserts;
 - ``rollup pairs``: the label ↔ request look-ups and the ``rollup_labels`` insert;
-- ``rollup recompute``: the hour and unit rewrites (``unit_hour_stats``, ``unit_stats``, and segments), with the SLO read;
+- ``rollup recompute``: the ``unit_stats`` (and segment) rewrites, with the SLO read;
 - ``rollup other``: what ``feed`` spends outside statements (splitting the batch).
 
 Prints process CPU µs per event for each step and its share of the total, per case.
@@ -45,8 +45,7 @@ def _step_of(kind: str, text: str) -> str:
     text = " ".join(text.split())[:120]
     if kind == "insert":
         return "raw insert" if text == "raw_events" else "rollup copy"
-    recompute = ("INSERT INTO unit_stats", "INSERT INTO unit_segment_stats", "INSERT INTO unit_hour_", "rollup_slos")
-    if any(target in text for target in recompute):
+    if "INSERT INTO unit_stats" in text or "INSERT INTO unit_segment_stats" in text or "rollup_slos" in text:
         return "rollup recompute"
     return "rollup pairs"
 

@@ -4,11 +4,11 @@
     .venv/bin/python benchmarks/bench_rollup_history.py --requests 200000 --units 500 --batch-records 20000
     .venv/bin/python benchmarks/bench_rollup_history.py --requests 200000 --units 500 --request-interval-ms 90
 
-The per-unit rollup rewrites a touched unit's rows of the hours the batch touched, from all of
-that hour's requests of the unit. 200,000 requests 5 ms apart (the default) span 17 minutes,
-one or two hours, so every recompute reads about each touched unit's whole history, as the
-rollup did before it was kept by hour; ``--request-interval-ms 90`` spreads the same requests
-over five hours, and a recompute reads about an hour of each unit. This loads the records of
+The per-unit rollup rewrites a touched unit from its whole history, so with a fixed set of
+users a long-running experiment makes every recompute read more. ``--request-interval-ms``
+sets how far apart the requests are (5 ms: 200,000 requests in 17 minutes; 500 ms: in 28
+hours), for layouts that key the rollup by time (a row per unit and hour was measured; see
+docs/benchmarks/loader.md). This loads the records of
 ``bench_loader.py`` in arrival order (each request's inference and RUM event, a label for
 every other request) batch by batch, exactly as the loader's flush does (``route``, the
 ``raw_events`` insert, :func:`ablab.streaming.store.rollup.place`, then
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     for col in ("batches", "requests per unit", "per unit and hour", "recompute CPU ms per checkpoint",
                 "insert + place + recompute µs/event"):
         table.add_column(col, justify="right")
-    dirty: dict[str, set[tuple[str, int]]] = defaultdict(set)
+    dirty: dict[str, set[str]] = defaultdict(set)
     spent, recompute_s, events, checkpoints = 0.0, 0.0, 0, 0
     with Progress(console=console) as progress:
         task = progress.add_task("loading", total=len(records))

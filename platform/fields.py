@@ -223,14 +223,12 @@ def clickhouse_expected() -> dict[str, tuple[TableKind, dict[str, str]]]:
     window = {c: types[0] for c, types in window_types().items()}
     per_unit_fields = [f for f in FIELDS.values() if f.per_unit]
     rollup = {f.name: "Nullable(Float64)" for f in per_unit_fields}
-    unit = {f"{f.name}_{s}": "Float64" for f in per_unit_fields for s in f.per_unit}
     return {
         "raw_events": ("includes", {name: clickhouse_type(name) for name in EVENT_FIELDS}),
         "window_stats": ("exact", {"n": "UInt64", "errors": "UInt64", **window}),
         "late_events": ("exact", {**{name: "Nullable(Float64)" for name in LATE_FIELDS}, "is_error": "UInt8"}),
         "rollup_events": ("includes", rollup),
-        "unit_stats": ("includes", unit),
-        "unit_hour_stats": ("includes", unit),  # a unit's row is the sum of these (migration 0014)
+        "unit_stats": ("includes", {f"{f.name}_{s}": "Float64" for f in per_unit_fields for s in f.per_unit}),
     }
 
 

@@ -7,14 +7,13 @@ A crash between insert and commit redelivers the batch; the tables are
 ReplacingMergeTrees keyed by ``event_id`` / the window key, so the second copy replaces
 the first and queries (``FINAL``) count it once: at-least-once delivery, exactly-once
 effect. Before the commit it also feeds the per-unit rollup (``unit_stats``) by
-recomputing the (unit, hour) rows the batch touched (:mod:`ablab.streaming.store.rollup`),
-so a replay rewrites the same values there too.
+recomputing the units the batch touched (:mod:`ablab.streaming.store.rollup`), so a
+replay rewrites the same values there too.
 
-The recompute rewrites a unit's hour from all of that hour's requests, so its cost is per
-touched (unit, hour) and per statement, not per event: recomputing after every batch paid it
-again for a unit seen in each batch. A busy loader therefore stores several batches (rows,
-lookups, label placements) and recomputes the union of their (unit, hour) rows once, at a
-*checkpoint*, every
+The recompute rewrites a unit from its whole history, so its cost is per touched unit and
+per statement, not per event: recomputing after every batch paid it again for a unit seen
+in each batch. A busy loader therefore stores several batches (rows, lookups, label
+placements) and recomputes the union of their units once, at a *checkpoint*, every
 ``rollup_interval_s`` or as soon as a poll finds nothing new (caught up), and commits the
 offsets only then. What a crash loses before a checkpoint is uncommitted and replayed, as
 before. ``rollup_interval_s=0`` checkpoints after every batch.
@@ -94,7 +93,6 @@ class LoaderStats:
     last_flush_at: float | None = None
     """Wall-clock time of the last checkpoint (the last commit)."""
     rollup_units: int = 0
-    """(unit, hour) rollup rows recomputed."""
     failures: int = 0
     """Batches that could not be stored (the store did not answer); each is retried as is."""
     consecutive_failures: int = 0
@@ -211,8 +209,8 @@ class Loader:
         self._checked_partitions = False
         self.rollup_interval_s = rollup_interval_s
         self.rollup_max_units = rollup_max_units
-        # (unit, hour) rows stored since the last checkpoint, still to recompute (see the module docstring)
-        self._dirty: dict[str, set[tuple[str, int]]] = defaultdict(set)
+        # units stored since the last checkpoint, still to recompute (see the module docstring)
+        self._dirty: dict[str, set[str]] = defaultdict(set)
         self._uncommitted = False
         self._checkpoint_at = time.monotonic()
         # after a refused checkpoint recompute: positions until which every batch is its own checkpoint

@@ -1,14 +1,5 @@
-"""The per-unit rollup (``unit_stats`` and ``unit_segment_stats``, migrations 0006–0014): fed by
+"""The per-unit rollup (``unit_stats`` and ``unit_segment_stats``, migrations 0006–0013): fed by
 the loader, read by results.
-
-The rollup has two levels (migration 0014). ``unit_hour_stats`` and
-``unit_hour_segment_stats`` hold the same columns per unit and hour of its requests (``hour``:
-hours since the epoch, rounded down; :func:`hour_of`); ``unit_stats`` and
-``unit_segment_stats``, what results read, hold one row per unit, the sum of its hours' rows
-(every per-unit column is a sum, a minimum or a maximum over requests). A batch recomputes the
-(unit, hour) rows it touched from that hour's requests, then each touched unit from its hours:
-a recompute reads one hour of a unit's requests and one row per hour it was active, not its
-whole history.
 
 Besides the built-in columns, each unit row keeps, per nullable source (the catalogue
 fields, ``score``, ``correct``, ``measures.<name>``), Σ value, count, Σ value² and Σ cost_usd in
@@ -24,14 +15,12 @@ Idempotence comes from recomputation, not accumulation. For each batch the loade
    trace), and places every label/billing record whose trace's inference pointer is now
    loaded at its unit in ``rollup_labels`` (migrations 0006–0008) — all ReplacingMergeTrees on
    ``event_id``, so a replayed batch collapses;
-2. finds the (unit, hour) pairs the batch touched: the inference events' units and hours,
-   plus, for labels and billing records, the unit and hour of their trace's request (looked up
-   by ``trace_id`` in ``rollup_traces``; a label that arrives before its inference event is
-   picked up when that event arrives);
-3. recomputes those pairs' hour rows from ``rollup_events``/``rollup_labels`` read with
-   ``FINAL`` (primary-key ranges of the touched units and hours only), then the touched units'
-   ``unit_stats``/``unit_segment_stats`` rows from their hour rows, and inserts them
-   (ReplacingMergeTree on ``computed_at``: the newest computation wins).
+2. finds the units the batch touched: the inference events' units, plus, for labels and
+   billing records, the unit of their trace (looked up by ``trace_id`` in ``rollup_traces``;
+   a label that arrives before its inference event is picked up when that event arrives);
+3. recomputes those units' ``unit_stats`` and ``unit_segment_stats`` rows from ``rollup_events``/``rollup_labels`` read with
+   ``FINAL`` (primary-key ranges of the touched units only) and
+   inserts them (ReplacingMergeTree on ``computed_at``: the newest computation wins).
 
 Only after that does it commit the Kafka offsets. A crash at any point replays the batch,
 which rewrites the same rows and the same unit values: nothing is added to a running
@@ -50,7 +39,6 @@ from __future__ import annotations
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from ablab.platform.stats.sufficient import histogram_bucket_sql
@@ -75,30 +63,17 @@ NULLABLE_SOURCES = tuple(f for f in FIELDS if f not in ALWAYS_PRESENT)
 _I = {name: i for i, name in enumerate(RAW_COLUMNS)}
 # Chunk the unit list of one recompute so its IN-list and join stay small.
 _UNITS_PER_RECOMPUTE = 5_000
-# A request's hour since the epoch, rounded down, as the store computes it (migration 0014's
-# column defaults); hour_of is the same in Python.
-HOUR_SQL = "toInt32(floor(toUnixTimestamp64Milli({ts}) / 3600000))"
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_HOUR = timedelta(hours=1)
-
-Touched = dict[str, set[tuple[str, int]]]
-"""(unit, hour) pairs by experiment: what a batch changed, what a recompute rewrites."""
-
-
-def hour_of(ts: datetime) -> int:
-    """The hour since the epoch of a request time, rounded down (naive times are UTC)."""
-    return ((ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts) - _EPOCH) // _HOUR
 
 
 # --- the loader side -------------------------------------------------------------------
 
 
-def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], Touched, set[str]]:
-    """``raw_events`` rows → (rollup_events rows, rollup_traces rows, touched (unit, hour) pairs
-    by experiment, trace ids of labels/billing whose unit and hour must be looked up)."""
+def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], dict[str, set[str]], set[str]]:
+    """``raw_events`` rows → (rollup_events rows, rollup_traces rows, touched units by experiment,
+    trace ids of labels/billing whose unit must be looked up)."""
     unit_rows: list[tuple[Any, ...]] = []
     fact_rows: list[tuple[Any, ...]] = []
-    units: Touched = defaultdict(set)
+    units: dict[str, set[str]] = defaultdict(set)
     traces: set[str] = set()
     for r in raw_rows:
         kind, trace = r[_I["type"]], r[_I["trace_id"]]
@@ -113,7 +88,7 @@ def split_batch(raw_rows: Iterable[Sequence[Any]]) -> tuple[list[tuple[Any, ...]
             ))
             if trace:
                 fact_rows.append((trace, kind, r[_I["event_id"]], r[_I["ts"]], exp, unit, None, None, None))
-            units[exp].add((unit, hour_of(r[_I["ts"]])))
+            units[exp].add(unit)
         elif kind in ("feedback", "cost") and trace:
             fact_rows.append((
                 trace, kind, r[_I["event_id"]], r[_I["ts"]], "", "",
@@ -128,19 +103,18 @@ def _float(value: Any) -> float | None:
     return None if value is None else float(value)
 
 
-_MATCH_SQL = f"""
-    INSERT INTO rollup_labels (experiment, unit_id, hour, trace_id, type, event_id, ts, correct, cost_usd, score)
-    SELECT p.experiment, p.unit_id, p.hour, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd, f.score
+_MATCH_SQL = """
+    INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd, score)
+    SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd, f.score
     FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd, score FROM rollup_traces  -- copies collapse in rollup_labels
-          WHERE type IN ('feedback', 'cost') AND trace_id IN {{traces:Array(String)}}) AS f
-    INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id, {HOUR_SQL.format(ts="ts")} AS hour FROM rollup_traces
-                WHERE type = 'inference' AND trace_id IN {{traces:Array(String)}}) AS p ON p.trace_id = f.trace_id
+          WHERE type IN ('feedback', 'cost') AND trace_id IN {traces:Array(String)}) AS f
+    INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM rollup_traces
+                WHERE type = 'inference' AND trace_id IN {traces:Array(String)}) AS p ON p.trace_id = f.trace_id
 """
 
 
 def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
-    """Steps 1–3 of the module docstring for one batch; returns (unit, hour) rows recomputed
-    per experiment.
+    """Steps 1–3 of the module docstring for one batch; returns units recomputed per experiment.
 
     Call it after the batch's ``raw_events`` insert and before the offset commit. A loader
     that defers the recompute over several batches calls :func:`place` per batch and
@@ -149,9 +123,9 @@ def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
     return recompute_touched(client, place(client, raw_rows))
 
 
-def place(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> Touched:
+def place(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, set[str]]:
     """Steps 1–2 of the module docstring for one batch: the lookup rows written, labels and
-    billing records placed at their unit; returns the (unit, hour) pairs touched, by experiment.
+    billing records placed at their unit; returns the units touched, by experiment.
 
     Labels and billing records are placed at their unit (``rollup_labels``) as soon as both
     they and their trace's inference pointer are loaded, in whichever batch completes the
@@ -177,23 +151,23 @@ def place(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> Touched:
         client.command(_MATCH_SQL, parameters={"traces": pairs[i:i + _UNITS_PER_RECOMPUTE]})
     if traces:
         found = client.query(
-            f"SELECT DISTINCT toString(experiment), unit_id, {HOUR_SQL.format(ts='ts')} FROM rollup_traces "
+            "SELECT DISTINCT toString(experiment), unit_id FROM rollup_traces "
             "WHERE type = 'inference' AND trace_id IN {traces:Array(String)}",
             parameters={"traces": sorted(traces)},
         ).result_rows
-        for exp, unit, hour in found:
-            units[exp].add((unit, int(hour)))
+        for exp, unit in found:
+            units[exp].add(unit)
     return dict(units)
 
 
-def recompute_touched(client: "Client", units: Mapping[str, Iterable[tuple[str, int]]]) -> dict[str, int]:
-    """Step 3 for the (unit, hour) pairs :func:`place` returned (of one batch or several);
-    returns the pairs recomputed per experiment."""
+def recompute_touched(client: "Client", units: Mapping[str, Iterable[str]]) -> dict[str, int]:
+    """Step 3 for the units :func:`place` returned (of one batch or several); returns units
+    recomputed per experiment."""
     done = {}
     for exp, touched in units.items():
         ordered = sorted(set(touched))
         if ordered:
-            recompute_hours(client, exp, ordered)
+            recompute_units(client, exp, ordered)
             done[exp] = len(ordered)
     return done
 
@@ -235,9 +209,6 @@ batch_lock = threading.RLock()
 
 
 STALE_SQL = f"(slo_key != {{key:String}} OR rollup_version < {ROLLUP_VERSION})"
-# migration 0014's row for an experiment loaded before it: stale (results scan raw_events)
-# until ensure_fresh has computed the experiment's hour rows and every unit from them
-MARKER_SQL = "(variant = '' AND unit_id = '')"
 
 # the unit's columns, from the per-request rows of _inner_sql (valid: what the raw scan counts)
 _SUMS_SQL = """count(),
@@ -273,10 +244,10 @@ def _inner_sql(where: str, *, segments: bool) -> str:
         f"arrayConcat([{', '.join(repr(n) for n in names)}], arrayMap(k -> concat('measures.', k), mapKeys(e.measures))), "
         f"arrayConcat([{', '.join(values)}], mapValues(e.measures))))"
     )
-    seg = (", e.dims AS dims, groupUniqArrayArray(mapKeys(e.dims)) OVER (PARTITION BY e.unit_id, e.hour) AS unit_dims"
+    seg = (", e.dims AS dims, groupUniqArrayArray(mapKeys(e.dims)) OVER (PARTITION BY e.unit_id) AS unit_dims"
            if segments else "")
     return f"""
-            SELECT toString(e.variant) AS variant, e.unit_id AS unit_id, e.hour AS hour, e.ts AS ts,
+            SELECT toString(e.variant) AS variant, e.unit_id AS unit_id, e.ts AS ts,
                    e.e2e_ms AS e2e_ms, e.ttft_ms AS ttft_ms, e.tpot_ms AS tpot_ms,
                    {valid} AS valid, e.is_error = 1 AS is_error, {good} AS good,
                    toFloat64(ifNull(if(b.has = 1, b.billed, e.cost_usd), 0)) AS cost,
@@ -298,110 +269,51 @@ def _inner_sql(where: str, *, segments: bool) -> str:
             ) AS l ON l.trace_id = e.trace_id"""
 
 
-_SCOPES = {  # which rows of an experiment one recompute rewrites: (its hours, its units)
-    "experiment": ("experiment = {experiment:String}",) * 2,
-    "units": ("experiment = {experiment:String} AND unit_id IN {units:Array(String)}",) * 2,
-    # the unit list lets the primary key skip other units first; the pairs pick their hours
-    "hours": ("experiment = {experiment:String} AND unit_id IN {units:Array(String)} "
-              "AND (unit_id, hour) IN {hours:Array(Tuple(String, Int32))}",
-              "experiment = {experiment:String} AND unit_id IN {units:Array(String)}"),
-}
-
-
-def _recompute_sql(scope: str) -> tuple[list[str], list[str]]:
-    """The scope's statements, in order: (unit rows, segment rows), each a list of the hours'
-    insert from requests and then the units' insert from their hours."""
-    hours, units = _SCOPES[scope]
+def _recompute_sql(units_given: bool) -> tuple[str, str]:
+    """(the unit_stats insert, the unit_segment_stats insert) of the units."""
+    where = "experiment = {experiment:String}" + (" AND unit_id IN {units:Array(String)}" if units_given else "")
     cols = f"{', '.join(ROLLUP_SUMS)}, {', '.join(ROLLUP_MAPS)}"
-    # a unit's columns from its hours' rows: sums, and the per-source maps summed per key
-    sums = ", ".join([*(f"sum({c})" for c in ROLLUP_SUMS), *(f"sumMap({m})" for m in ROLLUP_MAPS)])
-    hour_rows = f"""
-        INSERT INTO unit_hour_stats (experiment, variant, unit_id, hour, events, {cols},
-                                     e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
-        SELECT {{experiment:String}}, variant, unit_id, hour, {_SUMS_SQL},
+    units = f"""
+        INSERT INTO unit_stats (experiment, variant, unit_id, events, {cols},
+                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
+        SELECT {{experiment:String}}, variant, unit_id, {_SUMS_SQL},
                (sumMapIf([hb_e2e], [toUInt64(e2e_ms IS NOT NULL)], valid) AS h_e2e).1, h_e2e.2,
                (sumMapIf([hb_ttft], [toUInt64(ttft_ms IS NOT NULL)], valid) AS h_ttft).1, h_ttft.2,
                if(countIf(valid) > 0, minIf(ts, valid), min(ts)), if(countIf(valid) > 0, maxIf(ts, valid), max(ts)),
                {{slo_key:String}}, {ROLLUP_VERSION}, now64(6)
-        FROM ({_inner_sql(hours, segments=False)})
-        GROUP BY variant, unit_id, hour
+        FROM ({_inner_sql(where, segments=False)})
+        GROUP BY variant, unit_id
         SETTINGS join_use_nulls = 0
     """
-    # an hour computed under other SLOs (a change the maintenance step has not caught up with)
-    # leaves its unit stale ('' is no key), so the maintenance step recomputes the whole unit
-    unit_rows = f"""
-        INSERT INTO unit_stats (experiment, variant, unit_id, events, {cols},
-                                e2e_buckets, e2e_counts, ttft_buckets, ttft_counts, min_ts, max_ts, slo_key, rollup_version, computed_at)
-        SELECT {{experiment:String}}, variant, unit_id, sum(events), {sums},
-               (sumMap(e2e_buckets, e2e_counts) AS h_e2e).1, h_e2e.2, (sumMap(ttft_buckets, ttft_counts) AS h_ttft).1, h_ttft.2,
-               if(sum(requests) > 0, minIf(min_ts, requests > 0), min(min_ts)),
-               if(sum(requests) > 0, maxIf(max_ts, requests > 0), max(max_ts)),
-               if(countIf(slo_key != {{slo_key:String}}) = 0, {{slo_key:String}}, ''), min(rollup_version), now64(6)
-        FROM unit_hour_stats FINAL WHERE {units}
-        GROUP BY variant, unit_id
-    """
-    # each request counts under each dimension its unit's requests of that hour carry: its own
-    # value, or "(none)"
-    hour_segments = f"""
-        INSERT INTO unit_hour_segment_stats (experiment, dim, value, variant, unit_id, hour, events, {cols}, slo_key, computed_at)
-        SELECT {{experiment:String}}, dv.1, dv.2, variant, unit_id, hour, {_SUMS_SQL}, {{slo_key:String}}, now64(6)
-        FROM ({_inner_sql(hours, segments=True)})
+    # each request counts under each dimension its unit's requests carry: its own value, or "(none)"
+    segments = f"""
+        INSERT INTO unit_segment_stats (experiment, dim, value, variant, unit_id, events, {cols}, slo_key, computed_at)
+        SELECT {{experiment:String}}, dv.1, dv.2, variant, unit_id, {_SUMS_SQL}, {{slo_key:String}}, now64(6)
+        FROM ({_inner_sql(where, segments=True)})
         ARRAY JOIN arrayConcat(arrayZip(mapKeys(dims), mapValues(dims)),
                                arrayMap(k -> (k, '(none)'), arrayFilter(k -> NOT mapContains(dims, k), unit_dims))) AS dv
-        GROUP BY dv, variant, unit_id, hour
+        GROUP BY dv, variant, unit_id
         SETTINGS join_use_nulls = 0
     """
-    # ... and, over the unit, under each dimension any of its requests carries: an hour without
-    # the dimension has no row for it, so its requests (its unit_hour_stats row) are "(none)"
-    unit_segments = f"""
-        INSERT INTO unit_segment_stats (experiment, dim, value, variant, unit_id, events, {cols}, slo_key, computed_at)
-        SELECT {{experiment:String}}, dim, value, variant, unit_id, sum(events), {sums}, {{slo_key:String}}, now64(6)
-        FROM (
-            SELECT toString(dim) AS dim, value, toString(variant) AS variant, unit_id, events, {cols}
-            FROM unit_hour_segment_stats FINAL WHERE {units}
-            UNION ALL
-            SELECT d.dim AS dim, '(none)' AS value, toString(h.variant) AS variant, h.unit_id AS unit_id, h.events AS events,
-                   {', '.join(f"h.{c} AS {c}" for c in (*ROLLUP_SUMS, *ROLLUP_MAPS))}
-            FROM (SELECT * FROM unit_hour_stats FINAL WHERE {units}) AS h
-            INNER JOIN (SELECT DISTINCT toString(variant) AS variant, unit_id, toString(dim) AS dim
-                        FROM unit_hour_segment_stats FINAL WHERE {units}) AS d
-                ON d.variant = toString(h.variant) AND d.unit_id = h.unit_id
-            WHERE (toString(h.variant), h.unit_id, h.hour, d.dim) NOT IN
-                  (SELECT toString(variant), unit_id, hour, toString(dim) FROM unit_hour_segment_stats FINAL WHERE {units})
-        )
-        GROUP BY dim, value, variant, unit_id
-    """
-    return [hour_rows, unit_rows], [hour_segments, unit_segments]
+    return units, segments
 
 
 def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:
-    """Rewrite every hour row of ``units`` (None: every unit of the experiment) from
-    ``rollup_events``/``rollup_labels`` under the experiment's current SLOs, then their
-    ``unit_stats`` rows and, for an experiment that declares segments, their segment rows."""
-    if units is None:
-        _recompute(client, experiment, "experiment", [{}])
-    else:
-        _recompute(client, experiment, "units", [
-            {"units": list(units[i:i + _UNITS_PER_RECOMPUTE])} for i in range(0, len(units), _UNITS_PER_RECOMPUTE)])
-
-
-def recompute_hours(client: "Client", experiment: str, pairs: Sequence[tuple[str, int]]) -> None:
-    """:func:`recompute_units` for the given (unit, hour) rows only (what a batch touched):
-    those hours from their requests, then their units from all of their hours."""
-    chunks = [pairs[i:i + _UNITS_PER_RECOMPUTE] for i in range(0, len(pairs), _UNITS_PER_RECOMPUTE)]
-    _recompute(client, experiment, "hours", [
-        {"units": sorted({u for u, _ in chunk}), "hours": [(u, int(h)) for u, h in chunk]} for chunk in chunks])
-
-
-def _recompute(client: "Client", experiment: str, scope: str, chunks: Sequence[Mapping[str, Any]]) -> None:
+    """Rewrite the ``unit_stats`` rows of ``units`` (None: every unit of the experiment) and,
+    for an experiment that declares segments, their ``unit_segment_stats`` rows, from
+    ``rollup_events``/``rollup_labels`` under the experiment's current SLOs."""
     key, bounds = current_slos(client, experiment)
     params: dict[str, Any] = {"experiment": experiment, "slo_key": key, **{f"slo_{c}": b for c, b in bounds.items()}}
-    unit_sql, segment_sql = _recompute_sql(scope)
-    statements = [*unit_sql, *segment_sql] if key_keeps_segments(key) else unit_sql
+    unit_sql, segment_sql = _recompute_sql(units is not None)
+    statements = [unit_sql, segment_sql] if key_keeps_segments(key) else [unit_sql]
     with batch_lock:  # one recompute at a time: the newest computed_at saw the most events
-        for chunk in chunks:
+        if units is None:
             for sql in statements:
-                client.command(sql, parameters={**params, **chunk})
+                client.command(sql, parameters=params)
+            return
+        for i in range(0, len(units), _UNITS_PER_RECOMPUTE):
+            for sql in statements:
+                client.command(sql, parameters={**params, "units": list(units[i:i + _UNITS_PER_RECOMPUTE])})
 
 
 def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
@@ -432,12 +344,11 @@ def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
     )
     pointers = "type = 'inference'" + exp
     client.command(
-        "INSERT INTO rollup_labels (experiment, unit_id, hour, trace_id, type, event_id, ts, correct, cost_usd, score) "
-        "SELECT p.experiment, p.unit_id, p.hour, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd, f.score "
+        "INSERT INTO rollup_labels (experiment, unit_id, trace_id, type, event_id, ts, correct, cost_usd, score) "
+        "SELECT p.experiment, p.unit_id, f.trace_id, f.type, f.event_id, f.ts, f.correct, f.cost_usd, f.score "
         "FROM (SELECT trace_id, type, event_id, ts, correct, cost_usd, score FROM rollup_traces FINAL "
         "      WHERE type IN ('feedback', 'cost')) AS f "
-        f"INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id, {HOUR_SQL.format(ts='ts')} AS hour FROM rollup_traces "
-        f"WHERE {pointers}) AS p "
+        f"INNER JOIN (SELECT DISTINCT trace_id, experiment, unit_id FROM rollup_traces WHERE {pointers}) AS p "
         "ON p.trace_id = f.trace_id",
         parameters=params,
     )
@@ -478,14 +389,9 @@ def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float], 
     key = rollup_key(slos, segments=segments)
     repaired = {"slo": 0, "missing": 0}
     p = {"experiment": experiment, "key": key}
-    state = f"SELECT sum(events), countIf({STALE_SQL}), countIf({MARKER_SQL}) FROM unit_stats FINAL WHERE experiment = {{experiment:String}}"
-    counted, n_stale, marked = client.query(state, parameters=p).result_rows[0]
-    if marked:
-        recompute_units(client, experiment, None)
-        client.command(f"DELETE FROM unit_stats WHERE experiment = {{experiment:String}} AND {MARKER_SQL}", parameters=p)
-        repaired["missing"] = int(client.query(
-            "SELECT uniqExact(unit_id) FROM rollup_events WHERE experiment = {experiment:String}", parameters=p).result_rows[0][0])
-        counted, n_stale, _ = client.query(state, parameters=p).result_rows[0]
+    counted, n_stale = client.query(
+        f"SELECT sum(events), countIf({STALE_SQL}) FROM unit_stats FINAL WHERE experiment = {{experiment:String}}",
+        parameters=p).result_rows[0]
     if n_stale:
         stale = [r[0] for r in client.query(
             f"SELECT unit_id FROM unit_stats FINAL WHERE experiment = {{experiment:String}} AND {STALE_SQL}",

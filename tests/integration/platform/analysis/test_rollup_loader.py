@@ -35,8 +35,8 @@ SPEC = spec_dict(slos={"ttft_ms": 200, "tpot_ms": 25},
 def _events() -> pd.DataFrame:
     ev = synthetic_events(n_requests=3_000, n_units=300, seed=23)
     start = ev["ts"].min()
-    # over a day, so that units span hours (the rollup keeps a row per unit and hour) and
-    # labels that arrive late land in their request's hour, not the current one
+    # over a day and a half rather than an hour: units span many hours and late labels arrive
+    # hours after their requests (a rollup keyed by time must place them in the request's hour)
     ev["ts"] = (start + (ev["ts"] - start) * 40).dt.floor("ms")
     ev = ev.reset_index(drop=True)
     ev["event_id"] = [f"ev{i}" for i in range(len(ev))]
@@ -94,7 +94,7 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
     producer.send(topics.feedback, others + early_labels)
 
     # killed inside the rollup step: raw and lookup rows inserted, unit rows not recomputed, offsets not committed
-    real = rollup.recompute_hours
+    real = rollup.recompute_units
     calls = {"n": 0}
 
     class Killed(BaseException):
@@ -106,9 +106,9 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
             raise Killed("simulated crash in the middle of the rollup step")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(rollup, "recompute_hours", dies_on_third)
+    monkeypatch.setattr(rollup, "recompute_units", dies_on_third)
     assert isinstance(run_until_idle(Loader(store, kafka_broker, **common)), Killed)
-    monkeypatch.setattr(rollup, "recompute_hours", real)
+    monkeypatch.setattr(rollup, "recompute_units", real)
     replay = Loader(store, kafka_broker, **common)
     assert run_until_idle(replay) is None
     if interval_s:  # several batches did share a checkpoint

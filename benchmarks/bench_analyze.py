@@ -266,6 +266,8 @@ def main() -> None:
     ap.add_argument("--skip-raw", action="store_true", help="time only the rollup read on the store")
     ap.add_argument("--store-hours", type=int, default=1, help="hours the store's requests span")
     args = ap.parse_args()
+    if args.store_hours < 1:
+        ap.error("--store-hours must be at least 1")
     print(f"machine: {os.cpu_count()} cores; python {sys.version.split()[0]}; load avg {os.getloadavg()[0]:.2f}")
     work = Path(tempfile.mkdtemp(prefix="ablab-bench-stats-"))
     try:

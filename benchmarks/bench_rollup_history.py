@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     table = Table(title=f"rollup step as histories grow: {args.units:,} units, {args.batch_records:,}-record batches, "
                         f"a recompute every {args.checkpoint_every} batch(es)")
-    for col in ("batches", "requests per unit", "per unit and hour", "recompute CPU ms per checkpoint",
+    for col in ("batches", "requests per unit", "requests per unit and hour", "recompute CPU ms per checkpoint",
                 "insert + place + recompute µs/event"):
         table.add_column(col, justify="right")
     dirty: dict[str, set[str]] = defaultdict(set)

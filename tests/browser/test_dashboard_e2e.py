@@ -177,7 +177,7 @@ def test_sign_in_create_start_and_read_results(stack, page, shots):
     time.sleep(1)
     _tall_screenshot(pg, shots / "create.png", 2400)
     _click(pg, "Create experiment")
-    expect(pg.get_by_text("Created experiment")).to_be_visible()
+    expect(pg.get_by_text("Created experiment")).to_be_visible(timeout=30_000)  # the API call and rerun, on a loaded box
 
     with api.client("viewer") as client:  # the form's experiment, as the API sees it
         exp = client.get(f"/v1/experiments/{FORM_KEY}").json()

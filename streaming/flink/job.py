@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from ablab.platform.fields import FIELDS
+from ablab.streaming.kafka.consumer import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
 
 SQL_DIR = Path(__file__).parent / "sql"
 _PLACEHOLDER = re.compile(r"\$\{([a-z_]+)\}")
@@ -104,6 +105,10 @@ class JobConfig:
     duplicate arriving later than this after the first copy is not recognised. One flag of
     state per event_id; at 30,000 events/s and 600 s that is 18 M flags, which belongs in
     RocksDB state (``extra_config={"state.backend.type": "rocksdb"}``), not a small heap."""
+    fetch_min_bytes: int = FETCH_MIN_BYTES
+    fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS
+    """The source's Kafka fetches (``ablab.streaming.kafka.consumer.FETCH_MIN_BYTES``: fewer,
+    fuller fetches than Kafka's default of answering at once; 1 restores that)."""
     bounded: bool = False
     """Stop at the offsets that are the latest when the job starts (tests, benchmarks)."""
     checkpoint_dir: Path | None = None
@@ -133,6 +138,9 @@ class JobConfig:
             raise JobConfigError(f"dedup_ttl_s must be > 0, got {self.dedup_ttl_s}")
         if self.parallelism < 1:
             raise JobConfigError(f"parallelism must be >= 1, got {self.parallelism}")
+        if self.fetch_min_bytes < 1 or not 0 <= self.fetch_max_wait_ms <= 10_000:
+            raise JobConfigError(f"fetch_min_bytes must be >= 1 and fetch_max_wait_ms within 0..10000, got "
+                                 f"{self.fetch_min_bytes} and {self.fetch_max_wait_ms}")
 
     def sql_parameters(self) -> dict[str, str]:
         return {
@@ -147,6 +155,8 @@ class JobConfig:
             "max_latency_ms": f"{self.max_latency_ms:.1f}",
             "max_cost_usd": f"{self.max_cost_usd:.6f}",
             "max_tokens": str(self.max_tokens),
+            "fetch_min_bytes": str(self.fetch_min_bytes),
+            "fetch_max_wait_ms": str(self.fetch_max_wait_ms),
             "bounded_mode": "latest-offset" if self.bounded else "unbounded",
             "delivery_guarantee": self.delivery_guarantee,
             "transactional_id_prefix": self.transactional_id_prefix,

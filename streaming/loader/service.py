@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ablab.platform.events import Rejection, dead_letter_record
+from ablab.streaming.kafka.consumer import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, EVENT_TOPICS, WINDOWS_TOPIC
 from ablab.streaming.loader.rows import DEFAULT_MAX_FUTURE_S, RAW_COLUMNS, TABLE_COLUMNS, Routed, route
 
@@ -179,6 +180,8 @@ class Loader:
         batch_lock: AbstractContextManager[Any] | None = None,
         rollup_interval_s: float = 5.0,
         rollup_max_units: int = 200_000,
+        fetch_min_bytes: int = FETCH_MIN_BYTES,
+        fetch_max_wait_ms: int = FETCH_MAX_WAIT_MS,
     ) -> None:
         self.client = client
         self.bootstrap = bootstrap
@@ -209,6 +212,8 @@ class Loader:
         self._checked_partitions = False
         self.rollup_interval_s = rollup_interval_s
         self.rollup_max_units = rollup_max_units
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_wait_ms = fetch_max_wait_ms
         # units stored since the last checkpoint, still to recompute (see the module docstring)
         self._dirty: dict[str, set[str]] = defaultdict(set)
         self._uncommitted = False
@@ -232,6 +237,8 @@ class Loader:
             isolation_level="read_committed",
             max_poll_records=self.batch_max_records,
             fetch_max_bytes=32 * 1024 * 1024,
+            fetch_min_bytes=self.fetch_min_bytes,  # fewer, fuller fetches (see FETCH_MIN_BYTES)
+            fetch_max_wait_ms=self.fetch_max_wait_ms,
             # Fail fast when the broker is away: the supervisor retries with backoff, and a
             # 30 s blocking bootstrap (the default) made the API's shutdown wait for it.
             bootstrap_timeout_ms=_BOOTSTRAP_TIMEOUT_MS,
@@ -269,9 +276,12 @@ class Loader:
         last_record_at = time.monotonic()
         batch_started = time.monotonic()
         never_assigned, rejoin_at, rejoin_wait = True, time.monotonic() + _REJOIN_AFTER_S, _REJOIN_AFTER_S
+        # longer than a fetch the broker may hold: an empty poll then means nothing had arrived
+        # (caught up), not that the fetch was still on its way
+        poll_ms = max(200, self.fetch_max_wait_ms + 100)
         try:
             while not stop_event.is_set():
-                got = self.poll_once(timeout_ms=200)
+                got = self.poll_once(timeout_ms=poll_ms)
                 now = time.monotonic()
                 if never_assigned:
                     if self._consumer.assignment():

@@ -7,6 +7,8 @@
 -- partition's watermark at all; 30_transform.sql routes such records to rejected rows. Bad JSON and
 -- wrong-typed fields become NULLs (ignore-parse-errors) and are filtered out in
 -- 30_transform.sql; the loader dead-letters the same records.
+-- Fetches wait for fetch_min_bytes or fetch_max_wait_ms (ablab.streaming.kafka.consumer): a job
+-- that keeps up otherwise makes a fetch request per few records, which costs it and the broker.
 CREATE TEMPORARY TABLE inference_events (
     event_id      STRING,
     ts            TIMESTAMP_LTZ(3),
@@ -31,6 +33,8 @@ CREATE TEMPORARY TABLE inference_events (
     'properties.bootstrap.servers' = '${bootstrap}',
     'properties.group.id' = '${group_id}',
     'properties.isolation.level' = 'read_committed',
+    'properties.fetch.min.bytes' = '${fetch_min_bytes}',
+    'properties.fetch.max.wait.ms' = '${fetch_max_wait_ms}',
     'scan.startup.mode' = 'earliest-offset',
     'scan.bounded.mode' = '${bounded_mode}',
     'format' = 'json',

@@ -50,7 +50,8 @@ def test_unknown_placeholder_is_an_error():
 @pytest.mark.parametrize(
     ("kwargs", "field"),
     [({"out_of_orderness_s": -1}, "out_of_orderness_s"), ({"checkpoint_interval_s": 0}, "checkpoint_interval_s"),
-     ({"delivery_guarantee": "maybe"}, "delivery_guarantee"), ({"parallelism": 0}, "parallelism")],
+     ({"delivery_guarantee": "maybe"}, "delivery_guarantee"), ({"parallelism": 0}, "parallelism"),
+     ({"fetch_min_bytes": 0}, "fetch_min_bytes"), ({"fetch_max_wait_ms": 60_000}, "fetch_max_wait_ms")],
 )
 def test_bad_configuration_names_the_field(kwargs, field):
     with pytest.raises(JobConfigError, match=field):
@@ -64,9 +65,17 @@ def test_bounded_mode_and_exactly_once_reach_the_sql():
     assert "'properties.isolation.level' = 'read_committed'" in text
 
 
+def test_the_source_fetches_in_batches_unless_told_otherwise():
+    """Kafka's default answers every fetch at once; the job asks the broker to wait for 256 KiB
+    or 200 ms (fewer requests per event for the job and the broker), and 1 byte restores it."""
+    text = "\n".join(job.statements(JobConfig()))
+    assert "'properties.fetch.min.bytes' = '262144'" in text and "'properties.fetch.max.wait.ms' = '200'" in text
+    assert "'properties.fetch.min.bytes' = '1'" in "\n".join(job.statements(JobConfig(fetch_min_bytes=1)))
+
+
 def test_command_line_round_trip(tmp_path):
     config = JobConfig(bootstrap="h:1", bounded=True, checkpoint_dir=tmp_path, out_of_orderness_s=3.5,
-                       parallelism=2, extra_config={"state.backend.type": "rocksdb"})
+                       parallelism=2, fetch_min_bytes=1, extra_config={"state.backend.type": "rocksdb"})
     assert job._parse_args(job_arguments(config)) == config
 
 

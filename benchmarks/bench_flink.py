@@ -60,6 +60,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+from ablab.streaming.kafka.consumer import FETCH_MIN_BYTES
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
 
@@ -245,9 +246,11 @@ def child(args: argparse.Namespace) -> None:
 
     transform, extra, parallelism, _ = variant_spec(args.child)
     topics = PipelineTopics(args.prefix)
-    config = job_config(topics, bootstrap=args.bootstrap, checkpoint_dir=Path(args.checkpoint_dir), bounded=True,
-                        checkpoint_interval_s=5.0, parallelism=parallelism, restore=False,
-                        transactional_id_prefix=f"{args.prefix}-{args.child}")
+    # --live: unbounded with the live job's 2 s checkpoints, for bench_pipeline.py --floor (which
+    # stops it); otherwise a bounded drain of what the topic holds.
+    config = job_config(topics, bootstrap=args.bootstrap, checkpoint_dir=Path(args.checkpoint_dir), bounded=not args.live,
+                        checkpoint_interval_s=2.0 if args.live else 5.0, parallelism=parallelism, restore=False,
+                        transactional_id_prefix=f"{args.prefix}-{args.child}", fetch_min_bytes=args.fetch_min_bytes)
     conf = job.flink_configuration(config, connector_jar=job._connector_jar())
     conf.update({key: value.format(checkpoint_dir=Path(args.checkpoint_dir).resolve().as_uri())
                  for key, value in extra.items()})
@@ -275,14 +278,15 @@ def child(args: argparse.Namespace) -> None:
                                   "cpu_s": _jvm_cpu_seconds()}), flush=True)
 
 
-def run_variant(variant: str, prefix: str, bootstrap: str, workdir: Path, heap: str, *, jfr: bool = False) -> dict:
+def run_variant(variant: str, prefix: str, bootstrap: str, workdir: Path, heap: str, *, jfr: bool = False,
+                fetch_min_bytes: int = FETCH_MIN_BYTES) -> dict:
     log = workdir / f"{variant}-{prefix}.log"
     env = dict(os.environ, JVM_ARGS=f"{heap} {variant_spec(variant)[3]}".strip(), FLINK_LOG_DIR=str(log.with_suffix(".jvm")))
     if jfr:  # a JDK Flight Recorder profile of the job's JVM, for `jfr print`
         env["JVM_ARGS"] += " -XX:StartFlightRecording=settings=profile"
         env["BENCH_JFR"] = str(workdir / f"{variant}.jfr")
     cmd = [sys.executable, __file__, "--child", variant, "--prefix", prefix, "--bootstrap", bootstrap,
-           "--checkpoint-dir", str(workdir / f"ckpt-{variant}-{prefix}")]
+           "--checkpoint-dir", str(workdir / f"ckpt-{variant}-{prefix}"), "--fetch-min-bytes", str(fetch_min_bytes)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         try:
@@ -347,10 +351,13 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=20_000, help="event-time events per second in the data")
     parser.add_argument("--variants", default="job", help=f"comma-separated, of: {', '.join(VARIANTS)}; join with + to combine")
     parser.add_argument("--heap", default=os.environ.get("JVM_ARGS", "-Xmx1g"), help="JVM_ARGS of the job")
+    parser.add_argument("--fetch-min-bytes", type=int, default=FETCH_MIN_BYTES,
+                        help="the source's fetch.min.bytes (default: the job's own; 1: Kafka's default)")
     parser.add_argument("--jfr", action="store_true", help="record a JFR profile of each full run (in the work dir)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--prefix", help=argparse.SUPPRESS)
     parser.add_argument("--checkpoint-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--live", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -378,7 +385,8 @@ def main() -> None:
         for variant in variants:
             # Each variant gets its own consumer group / transactional ids (unique prefix per run).
             measure_row(variant, lambda prefix, v=variant: run_variant(v, prefix, bootstrap, workdir, args.heap,
-                                                                       jfr=args.jfr and prefix == full.prefix),
+                                                                       jfr=args.jfr and prefix == full.prefix,
+                                                                       fetch_min_bytes=args.fetch_min_bytes),
                         empty=empty.prefix, full=full.prefix, events=args.events, width=30)
 
 if __name__ == "__main__":

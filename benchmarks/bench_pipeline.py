@@ -9,6 +9,12 @@ Several producer processes send inference events stamped with the current time a
 of a 10 s window to the row being queryable in ClickHouse (p50/p95/max), and the CPU each
 part of the pipeline spent per event (producers, broker, Flink, loader with chDB), which
 says how many cores a rate needs whatever else the machine was doing.
+
+``--floor`` sends the same traffic through the same broker, but the Flink job only reads,
+parses and filters it into a blackhole (``bench_flink.py``'s ``source-only`` variant) and the
+loader only consumes and validates it, storing nothing: what moving the events costs on this
+machine before any windowing, de-duplication or storage. Run it next to a normal run with the
+same flags to split each part's CPU into transport and work.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import multiprocessing
 import os
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -26,6 +33,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+from ablab.streaming.flink.job import JobConfig
+from ablab.streaming.flink.local import FlinkProcess
+from ablab.streaming.kafka.consumer import FETCH_MIN_BYTES
 
 
 def _jvm_cpu_seconds() -> dict[str, float]:
@@ -102,6 +112,26 @@ def _produce(args: tuple[str, str, int, float, int, str, str]) -> tuple[int, flo
     return sent, time.process_time() - cpu_at_start
 
 
+def _print_cpu(cpu: dict[str, float], sent: int) -> None:
+    per_event = {part: seconds / sent * 1e6 for part, seconds in cpu.items()}
+    print("CPU per event: " + ", ".join(f"{part} {us:.1f} µs" for part, us in per_event.items())
+          + f"; total {sum(per_event.values()):.1f} µs, i.e. {sum(per_event.values()) * 30_000 / 1e6:.2f} cores "
+          f"for 30,000 events/s")
+
+
+class SourceOnlyJob(FlinkProcess):
+    """``--floor``'s job: bench_flink.py's ``source-only`` variant, run live on ``prefix``'s topics."""
+
+    def __init__(self, config: JobConfig, *, prefix: str, log_path: Path, heap: str) -> None:
+        super().__init__(config, log_path=log_path, heap=heap)
+        self.prefix = prefix
+
+    def command(self) -> list[str]:
+        return [sys.executable, str(Path(__file__).with_name("bench_flink.py")), "--child", "source-only", "--live",
+                "--prefix", self.prefix, "--bootstrap", self.config.bootstrap,
+                "--checkpoint-dir", str(self.config.checkpoint_dir), "--fetch-min-bytes", str(self.config.fetch_min_bytes)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--producers", type=int, default=3)
@@ -117,11 +147,16 @@ def main() -> None:
     parser.add_argument("--loader-rollup-interval-s", type=float, default=None,
                         help="the loader's rollup_interval_s (default: the loader's own; 0: recompute and commit "
                              "after every batch)")
+    parser.add_argument("--fetch-min-bytes", type=int, default=FETCH_MIN_BYTES,
+                        help="fetch.min.bytes of the job's source and the loader (default: theirs; 1: Kafka's default, "
+                             "an answer per fetch at once)")
+    parser.add_argument("--floor", action="store_true",
+                        help="transport only: a source-only Flink job and a loader that validates and stores nothing")
     parser.add_argument("--warmup", type=float, default=30.0,
                         help="seconds of the same traffic (another experiment) before the clock starts")
     args = parser.parse_args()
 
-    from ablab_testing.pipeline import FlinkProcess, PipelineTopics, job_config, wait_for
+    from ablab_testing.pipeline import PipelineTopics, group_caught_up, job_config, wait_for
     from ablab.streaming.loader.service import Loader
     from ablab.streaming.store import apply_ddl, make_client
 
@@ -137,13 +172,22 @@ def main() -> None:
     apply_ddl(store)
     topics = PipelineTopics.unique("live")
     topics.create(bootstrap=bootstrap)
-    job = FlinkProcess(job_config(topics, bootstrap=bootstrap, checkpoint_dir=workdir / "ckpt", idle_timeout_s=5.0),
-                       log_path=workdir / "flink.log", heap=args.heap).start()
+    config = job_config(topics, bootstrap=bootstrap, checkpoint_dir=workdir / "ckpt", idle_timeout_s=5.0,
+                        fetch_min_bytes=args.fetch_min_bytes)
+    if args.floor:
+        job = SourceOnlyJob(config, prefix=topics.prefix, log_path=workdir / "flink.log", heap=args.heap).start()
+    else:
+        job = FlinkProcess(config, log_path=workdir / "flink.log", heap=args.heap).start()
     batching = {} if args.loader_batch_s is None else {"batch_max_s": args.loader_batch_s}
     if args.loader_rollup_interval_s is not None:
         batching["rollup_interval_s"] = args.loader_rollup_interval_s
     loader = Loader(store, bootstrap, group_id=f"{topics.prefix}-loader", topics=(topics.inference, topics.windows),
-                    windows_topic=topics.windows, deadletter_topic=topics.deadletter, **batching)
+                    windows_topic=topics.windows, deadletter_topic=topics.deadletter,
+                    fetch_min_bytes=args.fetch_min_bytes, **batching)
+    if args.floor:
+        from bench_loader import discard_batches
+
+        discard_batches(loader)
     stop = threading.Event()
     thread = threading.Thread(target=loader.run, args=(stop,), daemon=True)
     thread.start()
@@ -157,8 +201,13 @@ def main() -> None:
                 warm = sum(n for n, _ in pool.map(_produce, [
                     (bootstrap, topics.inference, args.rate, args.warmup, 100 + seed, args.client, "warmup")
                     for seed in range(args.producers)]))
-                wait_for(lambda: store.query("SELECT count() FROM raw_events WHERE experiment = 'warmup'")
-                         .result_rows[0][0] >= warm, timeout_s=600, what="the warm-up traffic loaded")
+                if args.floor:
+                    wait_for(lambda: loader.stats.consumed >= warm, timeout_s=600, what="the warm-up traffic consumed")
+                else:
+                    wait_for(lambda: store.query("SELECT count() FROM raw_events WHERE experiment = 'warmup'")
+                             .result_rows[0][0] >= warm, timeout_s=600, what="the warm-up traffic loaded")
+            else:
+                warm = 0
             started = time.monotonic()
             jvm_before, own_before = _jvm_cpu_seconds(), time.process_time()
             produced = pool.map(_produce, [(bootstrap, topics.inference, args.rate, args.duration, seed, args.client,
@@ -166,6 +215,21 @@ def main() -> None:
         sent, producer_cpu = sum(n for n, _ in produced), sum(cpu for _, cpu in produced)
         load_sending = os.getloadavg()[0]
         send_s = time.monotonic() - started
+        if args.floor:
+            wait_for(lambda: loader.stats.consumed >= warm + sent, timeout_s=900, what="the loader to consume everything")
+            wait_for(lambda: group_caught_up(bootstrap, config.group_id, [topics.inference]), timeout_s=900,
+                     what="the source-only job to commit every offset")
+            done_s = time.monotonic() - started
+            jvm_after, own_after = _jvm_cpu_seconds(), time.process_time()
+            cpu = {"producers": producer_cpu, "broker": jvm_after["broker"] - jvm_before["broker"],
+                   "flink (source only)": jvm_after["flink"] - jvm_before["flink"],
+                   "loader (validate only)": own_after - own_before}
+            print(f"floor: sent {sent:,} events in {send_s:.1f}s: {sent / send_s:,.0f} events/s ({args.producers} producers); "
+                  f"consumed by the loader and committed by the job {done_s:.1f}s after the start")
+            _print_cpu(cpu, sent)
+            print(f"machine: {os.cpu_count()} cores; fetch.min.bytes {args.fetch_min_bytes}; load average 1 min {load_sending:.2f} at the end of sending, "
+                  f"{os.getloadavg()[0]:.2f} now; producers: {args.client}")
+            return
 
         def raw_count() -> int:
             return store.query("SELECT count() FROM raw_events WHERE experiment = 'live'").result_rows[0][0]
@@ -216,11 +280,8 @@ def main() -> None:
               f"{total + late() == sent})")
         print(f"freshness window_end -> queryable over {fresh[3]} windows that closed while sending: "
               f"p50 {fresh[0]:.2f}s  p95 {fresh[1]:.2f}s  max {fresh[2]:.2f}s")
-        per_event = {part: seconds / sent * 1e6 for part, seconds in cpu.items()}
-        print("CPU per event: " + ", ".join(f"{part} {us:.1f} µs" for part, us in per_event.items())
-              + f"; total {sum(per_event.values()):.1f} µs, i.e. {sum(per_event.values()) * 30_000 / 1e6:.2f} cores "
-              f"for 30,000 events/s")
-        print(f"machine: {os.cpu_count()} cores; loader batches {loader.stats.batches} (batch_max_s {loader.batch_max_s}), checkpoints {loader.stats.checkpoints} (rollup_interval_s {loader.rollup_interval_s}); load average 1 min "
+        _print_cpu(cpu, sent)
+        print(f"machine: {os.cpu_count()} cores; fetch.min.bytes {args.fetch_min_bytes}; loader batches {loader.stats.batches} (batch_max_s {loader.batch_max_s}), checkpoints {loader.stats.checkpoints} (rollup_interval_s {loader.rollup_interval_s}); load average 1 min "
               f"{load_sending:.2f} at the end of sending, {os.getloadavg()[0]:.2f} now; producers: {args.client}")
     finally:
         job.stop()

@@ -52,12 +52,14 @@ class FlinkProcess:
         env.setdefault("FLINK_LOG_DIR", str(self.log_path.with_suffix(".jvm")))
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab")
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "ablab.streaming.flink.job", *job_arguments(self.config)],
-            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
         log.close()
         return self
+
+    def command(self) -> list[str]:
+        """The child's argv: the job module with this configuration."""
+        return [sys.executable, "-m", "ablab.streaming.flink.job", *job_arguments(self.config)]
 
     @property
     def running(self) -> bool:

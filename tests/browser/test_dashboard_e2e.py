@@ -174,8 +174,7 @@ def test_sign_in_create_start_and_read_results(stack, page, shots):
              for label, want in (("Traffic (% of eligible units)", 100), ("Weight of variant 1 (%)", 50))}
     print(f"sliders before they were set: {split}")
 
-    time.sleep(1)
-    _tall_screenshot(pg, shots / "create.png", 2400)
+    _tall_screenshot(pg, shots / "create.png", 2400)  # settles first: the last slider's rerun has ended
     _click(pg, "Create experiment")
     expect(pg.get_by_text("Created experiment")).to_be_visible(timeout=30_000)  # the API call and rerun, on a loaded box
 

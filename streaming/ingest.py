@@ -203,9 +203,7 @@ def ingest_feedback(
     received = now or datetime.now(UTC)
     items = _parse_batch(body, sink=sink, stats=stats, endpoint="feedback", list_key="labels", limits=limits)
 
-    def prepare(item: Any) -> Any:
-        if not isinstance(item, Mapping):
-            return item
+    def prepare(item: Mapping[str, Any]) -> Any:
         if "type" in item and item["type"] != "feedback":
             return Rejection("type", f"labels are feedback; got type {str(item['type'])[:40]!r}")
         record = {"type": "feedback", **item}
@@ -279,9 +277,7 @@ def ingest_billing(
     received = datetime.fromtimestamp(current, UTC)
     items = _parse_batch(body, sink=sink, stats=stats, endpoint="billing", list_key="records", limits=limits)
 
-    def prepare(item: Any) -> Any:
-        if not isinstance(item, Mapping):
-            return item
+    def prepare(item: Mapping[str, Any]) -> Any:
         record = dict(item)
         provider_id = record.pop("id", None)
         if provider_id is not None and not isinstance(provider_id, str):
@@ -341,11 +337,16 @@ def _refuse(status: int, field_name: str, message: str, *, raw: Any, sink: Event
 
 def _forward(
     items: list[Any], *, sink: EventSink, stats: IngestStats, endpoint: str, variants_of: VariantsOf | None,
-    limits: EdgeLimits, received: datetime, prepare: Callable[[Any], Any],
+    limits: EdgeLimits, received: datetime, prepare: Callable[[Mapping[str, Any]], Any],
 ) -> IngestResult:
     accepted, errors = 0, []
     for index, item in enumerate(items):
-        prepared = prepare(item)
+        # A record is an object. validate_event also parses JSON text (the loader's Kafka
+        # values are bytes), so a string element would otherwise be parsed as an event and
+        # skip ``prepare``: a label endpoint storing an exposure, a billing record that is
+        # not a cost. No producer sends events as strings inside a batch.
+        prepared = (prepare(item) if isinstance(item, Mapping)
+                    else Rejection("$", f"each record must be a JSON object, got {type(item).__name__}"))
         outcome = prepared if isinstance(prepared, Rejection) else validate_event(prepared)
         if not isinstance(outcome, Rejection):
             outcome = (check_event_time(outcome, now=received, max_ahead_s=limits.max_ahead_s,

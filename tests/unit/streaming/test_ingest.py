@@ -330,3 +330,47 @@ def test_unknown_field_names_share_one_counter() -> None:
     assert result.rejected == 201 and result.errors[0]["field"] == "field_0"  # the response still names it
     rejected = {k: v for k, v in stats.as_dict().items() if k.startswith("events.rejected.")}
     assert rejected == {"events.rejected.other": 201}
+
+
+# --- a batch's elements are objects, never JSON text ----------------------------------------
+
+
+def test_an_event_sent_as_a_json_string_inside_a_batch_is_refused_per_record() -> None:
+    # validate_event parses JSON text (the loader's Kafka values are bytes); a batch element
+    # must not take that path, or a string would be stored as an event.
+    sink, stats = RecordingSink(), IngestStats()
+    text = json.dumps(exposure(trace_id="as-text"))
+    result = ingest_events(body=json.dumps([exposure(), text, 7]).encode(), sink=sink, stats=stats, now=RECEIVED)
+    assert (result.accepted, result.rejected) == (1, 2)
+    assert [(e["index"], e["field"]) for e in result.errors] == [(1, "$"), (2, "$")]
+    assert "JSON object" in result.errors[0]["message"] and "str" in result.errors[0]["message"]
+    assert [e.trace_id for e in sink.events] == ["t1"]
+    assert [(d[0], d[1].field, d[2]) for d in sink.dead] == [(text, "$", "events"), (7, "$", "events")]
+    assert stats.as_dict()["events.rejected.$"] == 2
+    wrapped = ingest_events(body={"events": [text]}, sink=sink, stats=stats, now=RECEIVED)
+    assert (wrapped.accepted, wrapped.errors[0]["field"]) == (0, "$")
+
+
+def test_a_string_label_cannot_smuggle_another_event_type_through_feedback() -> None:
+    # Before: a string skipped the label's preparation, so /v1/feedback stored an exposure.
+    sink, stats = RecordingSink(), IngestStats()
+    label = json.dumps({"type": "feedback", "trace_id": "t1", "correct": 1, "source": "human",
+                        "ts": "2026-03-01T12:00:00Z"})
+    body = {"labels": [json.dumps(exposure()), label, {"trace_id": "t1", "correct": 1, "source": "human"}]}
+    result = ingest_feedback(body=json.dumps(body), sink=sink, stats=stats, now=RECEIVED)
+    assert (result.accepted, [(e["index"], e["field"]) for e in result.errors]) == (1, [(0, "$"), (1, "$")])
+    assert [type(e) for e in sink.events] == [FeedbackEvent]
+    assert stats.as_dict()["feedback.rejected.$"] == 2 and len(sink.dead) == 2
+
+
+def test_a_string_billing_record_is_refused_not_stored_as_whatever_it_says() -> None:
+    sink, stats = RecordingSink(), IngestStats()
+    body = json.dumps({"records": [json.dumps(exposure()), json.dumps({"type": "cost", "trace_id": "t1",
+                                                                       "cost_usd": 0.5, "ts": "2026-03-01T12:00:00Z"}),
+                                   {"id": "inv-9", "trace_id": "t1", "cost_usd": 0.5}]}).encode()
+    result = ingest_billing(body=body, signature=sign_billing(body=body, secret=SECRET, timestamp=int(NOW)),
+                            timestamp=str(int(NOW)), secret=SECRET, sink=sink, stats=stats,
+                            replay_guard=MemoryReplayGuard(), now=NOW)
+    assert (result.accepted, [(e["index"], e["field"]) for e in result.errors]) == (1, [(0, "$"), (1, "$")])
+    assert [e.event_id for e in sink.events] == ["inv-9"] and isinstance(sink.events[0], CostEvent)
+    assert stats.as_dict()["billing.rejected.$"] == 2

@@ -110,3 +110,10 @@ def test_late_rows_carry_the_window_they_missed():
     assert isinstance(routed, Routed) and routed.table == "late_events"
     assert routed.row[6].isoformat() == "2026-01-01T00:00:10+00:00"  # window_start
     assert _route(WINDOWS, json.dumps({**late, "event_type": "feedback"}).encode()).field == "event_type"
+
+
+def test_a_record_whose_value_is_an_event_as_a_json_string_is_refused():
+    # The edge refuses a string element of a batch; a producer writing to Kafka directly
+    # gets the same rule here: the value must be the event object, not text that holds one.
+    refused = _route("ablab.inference", json.dumps(_inference().decode()).encode())
+    assert isinstance(refused, Rejection) and refused.field == "$" and "str" in refused.message

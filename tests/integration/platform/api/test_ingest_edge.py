@@ -121,6 +121,27 @@ def test_poison_values_are_refused_by_name_and_ordinary_events_flow(apis) -> Non
     assert metric(api, "ablab_ingest_rejected_fields_total", endpoint="events", field="ts") == before + 3
 
 
+def test_an_event_inside_a_json_string_is_refused_per_record_on_every_route(apis) -> None:
+    api, _ = apis
+    run = f"s{uuid.uuid4().hex[:8]}"
+    text = json.dumps(inference(f"{run}-text"))
+    before = {e: metric(api, "ablab_ingest_rejected_fields_total", endpoint=e, field="$")
+              for e in ("events", "feedback", "billing")}
+    with api.client("sdk") as c:
+        events = c.post("/v1/events", json=[text, inference(f"{run}-ok")])
+        labels = c.post("/v1/feedback", json={"labels": [text]})
+    billing = json.dumps({"records": [text]}).encode()
+    with httpx.Client(base_url=api.base_url, timeout=30) as c:
+        records = c.post("/v1/webhooks/billing", content=billing, headers=_signed(billing))
+    for answer in (events, labels, records):
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["errors"][0]["index"] == 0 and answer.json()["errors"][0]["field"] == "$", answer.text
+    assert events.json()["accepted"] == 1 and labels.json()["accepted"] == records.json()["accepted"] == 0
+    assert [e["trace_id"] for e in spooled(api, match=run, expect=1)] == [f"{run}-ok"]
+    for endpoint, count in before.items():
+        assert metric(api, "ablab_ingest_rejected_fields_total", endpoint=endpoint, field="$") == count + 1
+
+
 @pytest.mark.parametrize(("path", "wrap"), [("/v1/events", "events"), ("/v1/feedback", "labels")])
 def test_json_nested_1000_deep_is_a_400_problem_and_counted(apis, path: str, wrap: str) -> None:
     api, _ = apis

@@ -72,7 +72,42 @@ def _demo_tokens(settings: Settings) -> dict[str, str]:
     return tokens
 
 
-def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  # noqa: ANN202
+WEBHOOK_SECRET_FILE = "webhook-secret"
+
+
+def _webhook_secret_env(settings: Settings) -> dict[str, str]:
+    """``ABLAB_WEBHOOK_SECRET`` for the API that `up` starts, unless one is configured.
+
+    The built-in default is public, so a local stack using it would accept billing records
+    signed by anyone who can reach it. Instead a random secret is made once and kept (0600)
+    under ABLAB_HOME/run, beside the demo tokens: a restarted API, and whatever signs webhooks
+    for this stack, read the same one. It travels only in the API's environment and that
+    file, never in output or logs. A secret set in the environment or config.yaml is used
+    as it is (the API reads it from there too).
+    """
+    if not settings.public_webhook_secret:
+        return {}
+    import secrets
+
+    path = settings.home / "run" / WEBHOOK_SECRET_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        existing = path.read_text().strip()
+    except FileNotFoundError:
+        existing = ""
+    if existing:
+        return {"ABLAB_WEBHOOK_SECRET": existing}
+    secret = secrets.token_urlsafe(32)
+    # Created 0600 from the start (no moment readable by others); a file left empty by a
+    # crash between create and write is rewritten.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(secret)
+    return {"ABLAB_WEBHOOK_SECRET": secret}
+
+
+def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None,  # noqa: ANN202
+              *, api_env: dict[str, str] | None = None):
     from ablab.cli.supervisor.processes import Service, http_ok, tcp_open
 
     ablab = _ablab()
@@ -82,7 +117,8 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None):  #
     services = [
         Service("kafka", [ablab, "kafka", "start", "--heap-mb", "384"], tcp_open(host or "127.0.0.1", int(port)),
                 env=env, detaches=True, stop_argv=[ablab, "kafka", "stop"]),
-        Service("api", [ablab, "api", "--host", settings.api_host, "--port", str(settings.api_port)], http_ok(f"{api}/readyz"), env=env),
+        Service("api", [ablab, "api", "--host", settings.api_host, "--port", str(settings.api_port)], http_ok(f"{api}/readyz"),
+                env={**env, **(api_env or {})}),
         Service("stream", [ablab, "stream", "submit", "--local"], lambda: True, env={**env, "JVM_ARGS": "-Xmx512m"}),
         Service("dashboard", [ablab, "dashboard", "--port", str(settings.dashboard_port), "--api-url", api],
                 http_ok(f"http://127.0.0.1:{settings.dashboard_port}/_stcore/health"), env=env),
@@ -179,7 +215,8 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
         setup()
     supervisor = Supervisor(settings.home)
     tokens = _demo_tokens(settings) if demo else None
-    services = _services(settings, demo, tokens)
+    webhook_env = _webhook_secret_env(settings)
+    services = _services(settings, demo, tokens, api_env=webhook_env)
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=console) as progress:
         for service in services:
             task = progress.add_task(f"starting {service.name}", total=None)
@@ -197,6 +234,8 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
         out.print(f"demo experiments 'demo-serving' and '{LLM_EXPERIMENT}' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
         out.print(f"gateway (OpenAI-compatible) http://127.0.0.1:{settings.demo_gateway_port}/v1 · SmolLM2 joins when its "
                   "wheel is built (`ablab status` shows the progress)")
+    if webhook_env:
+        out.print(f"billing webhooks are signed with the secret in {settings.home / 'run' / WEBHOOK_SECRET_FILE}")
 
 
 def down() -> None:

@@ -94,9 +94,14 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _refuse_insecure_defaults(self) -> "Settings":
-        if self.env == "production" and self.webhook_secret.get_secret_value() == _DEV_WEBHOOK_SECRET:
+        if self.env == "production" and self.public_webhook_secret:
             raise ValueError("ABLAB_WEBHOOK_SECRET must be set in production (the default is public)")
         return self
+
+    @property
+    def public_webhook_secret(self) -> bool:
+        """Whether the webhook secret is the built-in default, which anyone can read and sign with."""
+        return self.webhook_secret.get_secret_value() == _DEV_WEBHOOK_SECRET
 
     @classmethod
     def settings_customise_sources(

@@ -22,12 +22,16 @@ tests/integration/streaming/test_pipeline_canned.py):
 
 - Watermark = min over Kafka partitions of (largest event time read − ``out_of_orderness_s``,
   default 5 s: the emitters batch for 1-2 s, docs/benchmarks/pipeline.md). Events out of
-  order within that bound land in their own window.
+  order within that bound land in their own window. Each event time counts at most as its
+  Kafka record timestamp (when the edge received the event; the emitter stamps it and keeps
+  it through its spool) and the processing clock: a producer whose clock runs 120 s ahead
+  (inside ``max_future_s``, so accepted) keeps its own window open until real time reaches
+  it, and neither closes the other events' windows early nor makes them late.
 - Duplicates (one ``event_id`` delivered twice: a producer retry, a spool replay) count
   once: the first arrival of each event_id is kept, before the late rule; the job remembers
   an event_id for ``dedup_ttl_s`` (state TTL, processing time).
 - An event is *late* when its ``ts`` is at or more than the bound behind the largest ``ts``
-  read before it from the same partition, or when it is at or behind the current
+  (counted as above) read before it from the same partition, or when it is at or behind the current
   watermark. Such an event is written as a ``kind = "late"`` row to the windows topic and
   stored in ClickHouse's ``late_events``, never silently dropped and never added to an
   already emitted window; ``/timeseries`` folds it into its window at query time
@@ -152,9 +156,14 @@ class JobConfig:
             "max_future_s": f"{self.max_future_s:.0f}",
             # SECOND intervals hold at most 99 s in Flink SQL; minutes of skew need DAY TO SECOND
             "max_future_interval": _day_to_second(self.max_future_s),
-            "max_latency_ms": f"{self.max_latency_ms:.1f}",
-            "max_cost_usd": f"{self.max_cost_usd:.6f}",
+            # DOUBLE literals, not DECIMAL ones: Flink compares a DOUBLE column with a DECIMAL
+            # bound in decimal, where -0.0 falls below 0 and is rejected, while the edge and the
+            # loader compare in IEEE doubles, where -0.0 == 0 is in range (one rule for all three).
+            "max_latency_ms": _double_literal(self.max_latency_ms),
+            "max_cost_usd": _double_literal(self.max_cost_usd),
             "max_tokens": str(self.max_tokens),
+            "max_latency_text": f"{self.max_latency_ms:.0f}",
+            "max_cost_text": f"{self.max_cost_usd:.0f}",
             "fetch_min_bytes": str(self.fetch_min_bytes),
             "fetch_max_wait_ms": str(self.fetch_max_wait_ms),
             "bounded_mode": "latest-offset" if self.bounded else "unbounded",
@@ -162,6 +171,12 @@ class JobConfig:
             "transactional_id_prefix": self.transactional_id_prefix,
             "transaction_timeout_ms": str(self.transaction_timeout_ms),
         }
+
+
+def _double_literal(value: float) -> str:
+    """``value`` as a Flink SQL DOUBLE literal (approximate numeric: mantissa ``E`` exponent)."""
+    text = repr(float(value))
+    return text.upper() if "e" in text else f"{text}E0"
 
 
 def _day_to_second(seconds: float) -> str:

@@ -187,7 +187,8 @@ class Emitter:
         with self._count_lock:
             self._inflight[seq] = record
         try:
-            future = self._producer.send(record.topic, key=record.key, value=record.value)
+            future = self._producer.send(record.topic, key=record.key, value=record.value,
+                                         timestamp_ms=record.timestamp_ms)
         except Exception:  # metadata unavailable within max_block_ms, or anything else: keep it
             with self._count_lock:
                 self._inflight.pop(seq, None)
@@ -236,7 +237,8 @@ class Emitter:
                     if index in acked:
                         continue
                     try:
-                        futures.append((index, self._producer.send(record.topic, key=record.key, value=record.value)))
+                        futures.append((index, self._producer.send(
+                            record.topic, key=record.key, value=record.value, timestamp_ms=record.timestamp_ms)))
                     except KafkaError as exc:
                         if not _is_poison(exc):
                             raise

@@ -21,7 +21,7 @@ import json
 import os
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Literal
 
@@ -33,15 +33,26 @@ class SpoolLockedError(RuntimeError):
     pass
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
 @dataclass(frozen=True, slots=True)
 class SpoolRecord:
     topic: str
     key: bytes | None
     value: bytes
+    timestamp_ms: int | None = field(default_factory=_now_ms)
+    """When the record was made (the edge received its event): its Kafka record timestamp,
+    kept through the spool, so a replay after an outage still says when the event arrived.
+    The stream job bounds an event time by it (a clock running ahead cannot make the events
+    after it late). None (a line spooled before this field existed): the producer's clock."""
 
     def to_line(self) -> bytes:
         key = None if self.key is None else self.key.decode("utf-8", errors="surrogateescape")
         payload = {"topic": self.topic, "key": key, "value": self.value.decode("utf-8", errors="surrogateescape")}
+        if self.timestamp_ms is not None:
+            payload["ts"] = self.timestamp_ms
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", errors="surrogateescape") + b"\n"
 
     @classmethod
@@ -52,6 +63,7 @@ class SpoolRecord:
             topic=data["topic"],
             key=None if key is None else key.encode("utf-8", errors="surrogateescape"),
             value=data["value"].encode("utf-8", errors="surrogateescape"),
+            timestamp_ms=data.get("ts"),
         )
 
 

@@ -81,7 +81,9 @@ def late_ids(arrivals: Iterable[dict[str, Any]], *, out_of_orderness_ms: int, pa
     """event_ids the job classes as late: the first arrival of each event_id (later copies
     are dropped before the rule) whose ts is at or behind (largest ts read before it, or
     itself, from the same partition) minus the bound. ``arrivals`` in production order,
-    keyed by trace_id as the producers do, which is each partition's read order.
+    keyed by trace_id as the producers do, which is each partition's read order. Each ts
+    counts towards the maximum at most as its record's ``received_at`` (the Kafka record
+    timestamp, when present), as the job counts it.
 
     The job also classes as late an event at or behind the current watermark; with
     partitions that never go idle (``idle_timeout_s = 0``) that adds nothing, since the
@@ -91,7 +93,8 @@ def late_ids(arrivals: Iterable[dict[str, Any]], *, out_of_orderness_ms: int, pa
     for event in dedup(arrivals):
         partition = kafka_partition(event.get("trace_id") or event["event_id"], partitions)
         ts = parse_ms(event["ts"])
-        max_ts[partition] = max(max_ts.get(partition, ts), ts)
+        counted = min(ts, parse_ms(event["received_at"])) if event.get("received_at") else ts
+        max_ts[partition] = max(max_ts.get(partition, counted), counted)
         if ts <= max_ts[partition] - out_of_orderness_ms:
             late.add(event["event_id"])
     return late

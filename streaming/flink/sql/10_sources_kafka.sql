@@ -1,7 +1,12 @@
 -- Kafka source: the inference topic (ablab.streaming.kafka.topics). RUM and feedback are not
 -- read here: both are attributed to their request's window in ClickHouse, by trace_id.
 -- Event time is `ts`; the watermark trails the largest ts seen by the bounded
--- out-of-orderness. A record whose ts is further ahead than max_future_s of the processing
+-- out-of-orderness, each ts counted at most as the moment its record was `received` (the
+-- Kafka record timestamp: the edge stamps when it received the event, and keeps that through
+-- its spool) and as the processing clock. So an event stamped by a clock running minutes
+-- ahead (within max_future_s, so the edge accepts it) keeps its own window open until real
+-- time reaches it, but cannot move the watermark past the events received on time after it,
+-- which would close their windows early. A record whose ts is further ahead than max_future_s of the processing
 -- clock gives no watermark (NULL: Flink keeps the partition's current one), so a record the
 -- edge never saw (a producer writing here directly, ts 9999-12-31) cannot move a
 -- partition's watermark at all; 30_transform.sql routes such records to rejected rows. Bad JSON and
@@ -23,10 +28,12 @@ CREATE TEMPORARY TABLE inference_events (
     cost_usd      DOUBLE,
     `error`       STRING,
     kafka_partition INT METADATA FROM 'partition' VIRTUAL,
+    received      TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL,
     arrival       AS PROCTIME(),
     WATERMARK FOR ts AS CASE WHEN ts <= CAST(CURRENT_TIMESTAMP AS TIMESTAMP_LTZ(3))
                                           + INTERVAL '${max_future_interval}' DAY TO SECOND(3)
-                             THEN ts - INTERVAL '${out_of_orderness_s}' SECOND END
+                             THEN LEAST(ts, received, CAST(CURRENT_TIMESTAMP AS TIMESTAMP_LTZ(3)))
+                                  - INTERVAL '${out_of_orderness_s}' SECOND END
 ) WITH (
     'connector' = 'kafka',
     'topic' = '${inference_topic}',

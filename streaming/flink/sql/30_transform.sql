@@ -20,9 +20,9 @@
 -- every INSERT (sub-plan reuse), so each event crosses each keyed exchange once; mini-batch
 -- stays off because it makes the deduplication emit updates (retracting aggregates).
 
--- Screening: an event time more than max_future_s ahead of the processing clock, or a
--- value outside physical bounds (what the edge refuses; a producer writing to Kafka
--- directly bypasses it), is rejected here, before the de-duplication and the per-partition
+-- Screening: an event time more than max_future_s ahead of the processing clock, a value
+-- outside physical bounds, or a first token after the last (what the edge refuses, with the
+-- same field named; a producer writing to Kafka directly bypasses it), is rejected here, before the de-duplication and the per-partition
 -- maximum of the late rule, so it can neither move a watermark nor poison a window's sums
 -- (1.7e308 squared is Infinity, which JSON cannot carry). A record without event_id (a
 -- direct producer) gets the id the edge would derive (ablab.platform.events.derive_event_id:
@@ -31,7 +31,7 @@
 CREATE TEMPORARY VIEW inference_screened AS
 SELECT COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id)) FROM 1 FOR 32)) AS event_id,
        ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-       cost_usd, `error`, kafka_partition, arrival,
+       cost_usd, `error`, kafka_partition, received, arrival,
        CASE
            WHEN ts > arrival + INTERVAL '${max_future_interval}' DAY TO SECOND(3) THEN 'ts'
            WHEN NOT (e2e_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'e2e_ms'
@@ -40,6 +40,7 @@ SELECT COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id
            WHEN NOT (cost_usd BETWEEN 0 AND ${max_cost_usd}) THEN 'cost_usd'
            WHEN NOT (prompt_tokens BETWEEN 0 AND ${max_tokens}) THEN 'prompt_tokens'
            WHEN NOT (output_tokens BETWEEN 0 AND ${max_tokens}) THEN 'output_tokens'
+           WHEN ttft_ms > e2e_ms THEN 'ttft_ms'
        END AS rejected_field
 FROM inference_events
 WHERE ts IS NOT NULL AND trace_id IS NOT NULL
@@ -49,9 +50,10 @@ WHERE ts IS NOT NULL AND trace_id IS NOT NULL
 
 CREATE TEMPORARY VIEW rejected_rows AS
 SELECT 'rejected' AS kind, rejected_field AS field,
-       CASE rejected_field
-           WHEN 'ts' THEN 'event time more than ${max_future_s} s ahead of the processing clock'
-           ELSE 'outside physical bounds (latencies 0..${max_latency_ms} ms, cost 0..${max_cost_usd}, tokens 0..${max_tokens})'
+       CASE
+           WHEN rejected_field = 'ts' THEN 'event time more than ${max_future_s} s ahead of the processing clock'
+           WHEN rejected_field = 'ttft_ms' AND ttft_ms BETWEEN 0 AND ${max_latency_ms} THEN 'ttft_ms exceeds e2e_ms'
+           ELSE 'outside physical bounds (latencies 0..${max_latency_text} ms, cost 0..${max_cost_text}, tokens 0..${max_tokens})'
        END AS message,
        event_id, trace_id, experiment, `variant`, CAST(ts AS TIMESTAMP_LTZ(3)) AS ts
 FROM inference_screened
@@ -66,14 +68,20 @@ WHERE rejected_field IS NOT NULL;
 -- already seen, so it moves no partition's maximum: the flags equal the rule applied
 -- after de-duplication, as reference.late_ids computes it.
 -- seen_watermark: the partition's largest ts so far minus the bound (a plain timestamp,
--- not an event-time attribute, hence the CAST).
+-- not an event-time attribute, hence the CAST), each ts counted at most as the moment its
+-- record was received (and as the processing clock), as the watermark counts it: one event
+-- stamped 120 s ahead (inside max_future_s) would otherwise make every on-time event after
+-- it on its partition late until real time caught up. The record timestamp, not the job's
+-- clock, is what keeps the rule reproducible offline (reference.late_ids) and the same when
+-- the job catches up on a backlog; on events stamped before they were received it is the
+-- partition's largest ts.
 CREATE TEMPORARY VIEW inference_seen AS
 SELECT *,
        ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
 FROM (
     SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-           cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, arrival,
-           CAST(MAX(ts) OVER (PARTITION BY kafka_partition ORDER BY arrival
+           cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, received, arrival,
+           CAST(MAX(LEAST(ts, received, arrival)) OVER (PARTITION BY kafka_partition ORDER BY arrival
                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
                 - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
     FROM inference_screened

@@ -26,7 +26,11 @@ TIMESTAMP_COLUMNS = {"window_start", "window_end", "emitted_at", "ts", "watermar
 def _file_sources(config: job.JobConfig, path: str) -> list[str]:
     statements = []
     for statement in job.statements(config, parts=("sources_kafka",)):
-        head = statement.split(") WITH (")[0].replace("INT METADATA FROM 'partition' VIRTUAL", "AS 0")
+        # Kafka metadata from the file: partition 0; the record timestamp from an optional
+        # `received_at` field (a Kafka record always has one: default it to the event time).
+        head = (statement.split(") WITH (")[0].replace("INT METADATA FROM 'partition' VIRTUAL", "AS 0")
+                .replace("received      TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL",
+                         "received_at TIMESTAMP_LTZ(3),\n    received AS COALESCE(received_at, ts)"))
         statements.append(
             f"{head}) WITH ('connector' = 'filesystem', 'path' = '{path}', 'format' = 'json', "
             "'json.ignore-parse-errors' = 'true', 'json.timestamp-format.standard' = 'ISO-8601')"
@@ -94,3 +98,78 @@ def test_windows_on_bounded_input_match_the_offline_computation(tmp_path):
     assert sum(r["n"] for r in windows.values()) + len(late_ids) == len(ref.dedup(inference))  # dedup + bad rows out
     assert not ({"bad-type", "no-variant"} & late_ids)
 
+
+
+def boundary_values() -> list[tuple[str, float | int]]:
+    """(field, value) at and just past every physical bound of the fields the job screens:
+    each bound exactly, -0.0 and the smallest subnormals beside a bound of 0, the largest
+    finite double. The edge, the loader and the job must all keep or all refuse each one."""
+    import math
+
+    from ablab.platform.fields import FIELDS
+
+    cases: list[tuple[str, float | int]] = []
+    for f in FIELDS.values():
+        if not f.flink:
+            continue
+        if f.type == "int":
+            cases += [(f.name, int(f.lo)), (f.name, int(f.hi)), (f.name, int(f.lo) - 1), (f.name, int(f.hi) + 1)]
+            continue
+        cases += [(f.name, f.lo), (f.name, f.hi), (f.name, math.nextafter(f.hi, math.inf)),
+                  (f.name, math.nextafter(f.lo, -math.inf)), (f.name, 5e-324), (f.name, 1.7976931348623157e308)]
+        if f.lo == 0:
+            cases.append((f.name, -0.0))
+    return cases
+
+
+def test_a_clock_running_ahead_and_boundary_values_agree_with_the_edge(tmp_path):
+    """issue 37: one event stamped 120 s ahead (inside max_future_s, so the edge takes it)
+    makes no later on-time event late, and keeps its own window; every boundary value is
+    kept or refused by the job exactly as the edge's validation (which the loader shares)
+    keeps or refuses it, naming the same field (-0.0 included)."""
+    import math
+    from datetime import timedelta
+
+    from ablab.platform.events import Rejection, validate_event
+
+    now = datetime.now(UTC).replace(microsecond=0)
+    stream = ref.canned_stream(start=now - timedelta(seconds=60), windows=5, per_window=20, experiment="skew",
+                               jitter_ms=0, seed=5)
+    inference = sorted(ref.dedup(stream.inference), key=lambda e: e["ts"])
+    middle = len(inference) // 2
+    # What the edge writes: the record timestamp is when it received the event, not its ts.
+    ahead = {**inference[middle], "event_id": "ahead", "trace_id": "ahead",
+             "ts": ref.iso(now + timedelta(seconds=120)), "received_at": inference[middle]["ts"]}
+    boundary = []
+    # Each case on an otherwise coherent event (TTFT <= e2e), and one that is not.
+    cases = [*boundary_values(), ("ttft_ms", 120.0)]
+    for i, (name, value) in enumerate(cases):
+        event = {**inference[middle], "event_id": f"bound-{i}", "trace_id": f"bound-{i}",
+                 "ttft_ms": 0.0 if name == "e2e_ms" else 100.0, "e2e_ms": 1e6 if name == "ttft_ms" else 110.0, name: value}
+        if i == len(cases) - 1:
+            event["e2e_ms"] = 110.0
+        verdict = validate_event(json.dumps(event))
+        boundary.append((event, verdict.field if isinstance(verdict, Rejection) else None))
+    assert {field for _, field in boundary} >= {None, "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "prompt_tokens"}
+    assert any(e["e2e_ms"] == 0 and math.copysign(1, e["e2e_ms"]) < 0 for e, field in boundary if field is None)
+
+    path = tmp_path / "inference.json"
+    with path.open("w") as handle:
+        for event in [*inference[:middle], ahead, *(e for e, _ in boundary), *inference[middle:]]:
+            handle.write(json.dumps(event) + "\n")
+    config = job.JobConfig(out_of_orderness_s=2.0)
+    conf = {key: value for key, value in job.flink_configuration(config, connector_jar=None).items()
+            if not key.startswith(("execution.checkpointing", "restart-strategy"))}
+    env = job.create_table_environment(conf)
+    for statement in _file_sources(config, str(path)) + job.statements(config, parts=("transform",)):
+        env.execute_sql(statement)
+
+    rejected = {r["event_id"]: r["field"] for r in _collect(env, "rejected_rows", ["field", "event_id"])}
+    assert rejected == {e["event_id"]: field for e, field in boundary if field is not None}
+    assert _collect(env, "late_rows", ["event_id"]) == []  # the clock running ahead made nothing late
+    windows = _collect(env, "inference_window_stats", ["window_start", "n", "e2e_ms_sum"])
+    kept = [*inference, ahead, *(e for e, field in boundary if field is None)]
+    assert sum(r["n"] for r in windows) == len(kept)
+    assert sum(r["e2e_ms_sum"] for r in windows) == pytest.approx(sum(e["e2e_ms"] for e in kept), rel=1e-12)
+    assert ref.window_start_ms(ref.parse_ms(ahead["ts"])) in {
+        ref.parse_ms(r["window_start"].replace(" ", "T") + "Z") for r in windows}  # its own window, still open

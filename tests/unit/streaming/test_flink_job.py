@@ -30,11 +30,27 @@ def test_the_watermark_and_the_late_rule_are_bounded_by_the_processing_clock():
     watermark = text[text.index("WATERMARK FOR ts"):text.index(") WITH (")]
     assert "WHEN ts <= CAST(CURRENT_TIMESTAMP AS TIMESTAMP_LTZ(3))" in watermark
     assert "INTERVAL '0 00:02:00.000' DAY TO SECOND(3)" in watermark
-    assert "THEN ts - INTERVAL '5.000' SECOND END" in watermark  # a record beyond the bound gives no watermark
+    # a record beyond the bound gives no watermark; one within it counts at most as when it
+    # was received (issue 37: a clock 120 s ahead must not make the events after it late)
+    assert ("THEN LEAST(ts, received, CAST(CURRENT_TIMESTAMP AS TIMESTAMP_LTZ(3)))\n"
+            "                                  - INTERVAL '5.000' SECOND END") in watermark
+    assert "received      TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL" in text
+    assert "MAX(LEAST(ts, received, arrival)) OVER (PARTITION BY kafka_partition ORDER BY arrival" in text
     screened = text.index("CREATE TEMPORARY VIEW inference_screened")
     assert text.index("WHEN ts > arrival + INTERVAL '0 00:02:00.000' DAY TO SECOND(3) THEN 'ts'") > screened
     assert "FROM inference_screened\n    WHERE rejected_field IS NULL" in text  # only screened rows are de-duplicated
     assert "COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id)) FROM 1 FOR 32))" in text
+
+
+def test_physical_bounds_are_double_literals_so_minus_zero_compares_as_zero():
+    """issue 37: Flink compares a DOUBLE column with a DECIMAL literal in decimal, where -0.0
+    fell below 0 and was rejected while the edge kept it; DOUBLE literals compare as IEEE."""
+    text = "\n".join(job.statements(JobConfig(), parts=("transform",)))
+    assert "WHEN NOT (e2e_ms BETWEEN 0 AND 86400000.0E0) THEN 'e2e_ms'" in text
+    assert "WHEN NOT (cost_usd BETWEEN 0 AND 1000000.0E0) THEN 'cost_usd'" in text
+    assert "WHEN ttft_ms > e2e_ms THEN 'ttft_ms'" in text  # the edge's coherence rule, same field
+    assert "latencies 0..86400000 ms, cost 0..1000000" in text
+    assert job._double_literal(1e22) == "1E+22" and job._double_literal(0.5) == "0.5E0"
 
 
 def test_a_quote_in_a_parameter_cannot_change_a_statement():

@@ -6,6 +6,7 @@ Pure functions: values in, strings or tables out.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -38,10 +39,21 @@ STATUS_BADGES = {"draft": "⚪ draft", "running": "🟢 running", "paused": "�
 _MARKDOWN_SPECIAL = frozenset("\\`*_{}[]()<>#+-.!|~:$&\"'=^@%;,?/")
 
 
+# GitHub-style autolinking (remark-gfm, which Streamlit's Markdown runs) finds bare URLs and
+# e-mail addresses in the text after backslash escapes are resolved, so escaping alone
+# still shows `https://x.example` or `bob@x.example` as a link. A word joiner (U+2060:
+# invisible, no line break) inside each trigger stops it: between `http(s)` and `:`, between
+# `www` and `.`, after `@`. Nothing else is touched: the text reads as typed (a copy of it
+# carries the joiner, which is why it goes only where a link would start).
+WORD_JOINER = "\u2060"
+_AUTOLINK_TRIGGER = re.compile(r"https?(?=:)|www(?=\.)|@", re.IGNORECASE)
+
+
 def md_escape(text: Any) -> str:
-    """User text (names, owners, API messages quoting input) shown literally in Markdown."""
+    """User text (names, owners, API messages quoting input) shown literally in Markdown,
+    with no link, image, HTML or bare URL becoming live."""
     out = []
-    for ch in str(text):
+    for ch in _AUTOLINK_TRIGGER.sub(lambda m: m.group(0) + WORD_JOINER, str(text)):
         if ch in _MARKDOWN_SPECIAL:
             out.append("\\" + ch)
         elif ch in "\r\n":

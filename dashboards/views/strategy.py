@@ -14,6 +14,7 @@ import streamlit as st
 
 from ablab.dashboards import forms
 from ablab.dashboards.client import ApiError
+from ablab.dashboards.format import md_escape
 from ablab.dashboards.views.common import Context, call, field_error
 from ablab.platform.registry.factors.catalog import FactorCatalog
 from ablab.platform.strategy import open_strategy
@@ -38,7 +39,10 @@ def factor_widget(prefix: str, factor: forms.Factor, level: Any, *, disabled: bo
     key = f"{prefix}_{factor.name}"
     label = factor.label
     ranged = factor.minimum is not None and factor.maximum is not None
-    hint = (factor.help + (f" Range {factor.minimum:g}–{factor.maximum:g}." if ranged else "")).strip()
+    # A declared factor's description is an editor's free text, and a help tooltip renders
+    # Markdown: shown as text, like names (the built-in descriptions are ours).
+    about = md_escape(factor.help) if factor.origin == "declared" else factor.help
+    hint = (about + (f" Range {factor.minimum:g}–{factor.maximum:g}." if ranged else "")).strip()
     if factor.kind == "enum" or (factor.kind == "bool" and factor.nullable):
         choices = list(factor.choices) if factor.kind == "enum" else [True, False]
         if factor.nullable:

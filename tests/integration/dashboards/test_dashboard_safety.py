@@ -3,6 +3,7 @@ started with (or the operator's allow-list), and user text shows as text."""
 
 from __future__ import annotations
 
+import re
 import threading
 import uuid
 from collections.abc import Iterator
@@ -93,13 +94,48 @@ def test_user_text_shows_as_text(dashboard_api, open_app) -> None:
     assert row[row["Key"] == key].iloc[0]["Name"] == name
 
 
-@pytest.mark.parametrize("exp", ["../keys", "![x](http://127.0.0.1:9/x.png)", "a/b", "UPPER", "x" * 65])
+# What remark-gfm autolinks in a text node (the value after backslash escapes are resolved):
+# none of it may be left in user text (tests/unit/dashboards/test_client_safety.py has the detail).
+_AUTOLINK = re.compile(r"https?:|www\.|@[-\w]", re.IGNORECASE | re.ASCII)
+
+
+def _text_node(markdown: str) -> str:
+    return re.sub(r"\\([!-/:-@\[-`{-~])", r"\1", markdown)
+
+
+@pytest.mark.parametrize("exp", ["../keys", "![x](http://127.0.0.1:9/x.png)", "a/b", "UPPER", "x" * 65,
+                                 "https://evil.example.com/login", "www.evil.example.com", "bob@evil.example.com"])
 def test_an_exp_that_is_no_key_is_refused_as_text(open_app, exp: str) -> None:
     at = open_app("results", exp=exp)
     errors = _texts(at.error)
     assert "No experiment has the key" in errors
     assert "![" not in errors and "](" not in errors.replace("\\]\\(", "")
+    assert not _AUTOLINK.search(_text_node(errors)), errors  # not even a bare URL becomes a link
     assert not at.title or not at.title[0].value.startswith("Results:")
+
+
+def test_bare_urls_in_names_owners_and_factor_descriptions_stay_text(dashboard_api, open_app) -> None:
+    from ablab.dashboards.format import WORD_JOINER
+
+    key = f"url-{uuid.uuid4().hex[:6]}"
+    name = "Try https://evil.example.com/login or www.evil.example.com"
+    owner = "bob@evil.example.com"
+    factor = f"engine_{uuid.uuid4().hex[:6]}"
+    with dashboard_api.client("editor") as c:
+        assert c.post("/v1/experiments", json={
+            "key": key, "name": name, "owner": owner, "traffic": 1.0, "control": "a",
+            "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}]}).status_code == 201
+        declared = c.post("/v1/factors", json={"name": factor, "type": "string", "description":
+                                               "![t](http://127.0.0.1:9/t.png) see https://evil.example.com"})
+        assert declared.status_code == 201, declared.text
+    title = _text_node(open_app("results", exp=key).title[0].value)
+    assert not _AUTOLINK.search(title) and title.replace(WORD_JOINER, "") == f"Results: {name}"
+    at = open_app("edit", exp=key)
+    shown = _text_node(at.title[0].value + " " + _texts(at.caption))
+    assert not _AUTOLINK.search(shown) and f"owner {owner}" in shown.replace(WORD_JOINER, "")
+    at = open_app("new")  # a declared factor's description is its picker's tooltip, which renders Markdown
+    hint = at.text_input(key=f"new_v1_{factor}").help
+    assert "![" not in hint and not _AUTOLINK.search(_text_node(hint)), hint
 
 
 def test_api_errors_quoting_input_are_escaped(dashboard_api, open_app) -> None:

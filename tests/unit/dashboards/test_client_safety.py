@@ -11,7 +11,7 @@ import pytest
 from markdown_it import MarkdownIt
 
 from ablab.dashboards.client import ApiClient, allowed_api_urls, segment
-from ablab.dashboards.format import experiments_table, md_escape
+from ablab.dashboards.format import WORD_JOINER, experiments_table, md_escape
 
 HOSTILE = [
     "![tracker](http://127.0.0.1:9/pixel.png)",
@@ -30,8 +30,46 @@ HOSTILE = [
 def test_escaped_text_renders_as_itself_in_commonmark(text: str) -> None:
     rendered = MarkdownIt("commonmark").enable("table").enable("strikethrough").render(md_escape(text))
     assert not re.search(r"<(img|a|b|em|strong|code|h\d|ul|ol|li|table|del|s)\b", rendered), rendered
-    plain = html.unescape(re.sub(r"</?p>", "", rendered)).strip()
+    plain = html.unescape(re.sub(r"</?p>", "", rendered)).strip().replace(WORD_JOINER, "")  # invisible
     assert plain == " ".join(text.split("\n")).strip()
+
+
+# Streamlit's Markdown is react-markdown with remark-gfm, whose autolink literals are found
+# by mdast-util-gfm-autolink-literal in each text node's value, after backslash escapes are
+# resolved (Streamlit 1.67 bundles these two expressions; 2.1 keeps the same triggers).
+_GFM_URL = re.compile(r"(https?://|www(?=\.))([-.\w]+)([^ \t\r\n]*)", re.IGNORECASE | re.ASCII)
+_GFM_EMAIL = re.compile(r"([-.\w+]+)@([-\w]+(?:\.[-\w]+)+)", re.ASCII)
+_ESCAPED = re.compile(r"\\([!-/:-@\[-`{-~])")
+BARE = [
+    "http://127.0.0.1:9/pixel.png",
+    "see https://evil.example.com/login now",
+    "HTTPS://EVIL.EXAMPLE.COM",
+    "www.evil.example.com",
+    "a.www.evil.example.com and WwW.evil.example.com",
+    "owner: bob@evil.example.com",
+    "mailto:bob+x@sub.evil.co.uk",
+    "x:https://e.example https://https://e.example",
+]
+
+
+def _text_node(markdown: str) -> str:
+    """The value remark gives the text node of escaped, single-line Markdown."""
+    return _ESCAPED.sub(r"\1", markdown)
+
+
+@pytest.mark.parametrize("text", BARE)
+def test_bare_urls_and_addresses_do_not_become_links(text: str) -> None:
+    assert _GFM_URL.search(text) or _GFM_EMAIL.search(text)  # what remark-gfm would link
+    shown = _text_node(md_escape(text))
+    # Escaping alone leaves these triggers in the text node; the joiner breaks each one.
+    assert not _GFM_URL.search(shown) and not _GFM_EMAIL.search(shown), shown
+    assert not re.search(r"https?:|www\.|@[-\w]", shown, re.IGNORECASE | re.ASCII)
+    assert shown.replace(WORD_JOINER, "") == text  # reads as typed
+
+
+def test_text_without_a_link_trigger_gets_no_joiner() -> None:
+    for text in ("demo-serving", "Latency v1.2: fast", "wwwx.example", "http-cache", "a.b.example"):
+        assert WORD_JOINER not in md_escape(text)
 
 
 def test_path_segments_are_quoted() -> None:

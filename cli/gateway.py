@@ -30,7 +30,7 @@ def gateway(
 
     from ablab.platform.config import get_settings
     from ablab.platform.gateway.app import create_app
-    from ablab.platform.gateway.settings import GatewayConfigError, load_settings
+    from ablab.platform.gateway.settings import METRICS_TOKEN_ENV, GatewayConfigError, load_settings
 
     base = get_settings()
     try:
@@ -49,6 +49,8 @@ def gateway(
                       f"recorded (set {TOKEN_ENV}; ablab keys create --name gateway --scope sdk)")
     names = ", ".join(f"{n} -> {b.url}" for n, b in settings.backends.items())
     console.print(f"[green]ablab gateway[/] on http://{host}:{port}/v1  backends: {names}  (default {settings.default_backend})")
+    if settings.metrics_token_sha256 is not None:
+        console.print(f"/metrics needs the bearer token in {METRICS_TOKEN_ENV}")
     from ablab.platform.gateway.rewrite import torch_available
 
     compress = None

@@ -84,6 +84,10 @@ class Settings(BaseSettings):
     demo_gateway_port: int = Field(default=8090, ge=1, le=65535, description="`up --demo` gateway port.")
     demo_llm_port: int = Field(default=8081, ge=1, le=65535, description="`up --demo` SmolLM2 (llama_cpp.server) port.")
     demo_duration_s: float = Field(default=1800.0, gt=0, description="How long `up --demo` traffic runs.")
+    metrics_auth: bool = Field(
+        default=False, description="`/metrics` (which names experiments, variants and backends) needs a bearer token "
+                                   "with the viewer scope (an admin, editor or viewer key); off: public, for a scraper "
+                                   "inside the deployment's network.")
     tracing: Literal["off", "console", "otlp"] = Field(default="off", description="OpenTelemetry spans: off, console or OTLP/HTTP.")
     otlp_endpoint: str = Field(default="http://127.0.0.1:4318/v1/traces", description="OTLP/HTTP traces endpoint when tracing=otlp.")
 

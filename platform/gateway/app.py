@@ -3,6 +3,7 @@ assignment client, the outbox and its shipper (never at import time)."""
 
 from __future__ import annotations
 
+import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -16,7 +17,7 @@ from starlette.routing import Route
 
 from ablab.platform.gateway.observe import GatewayMetrics, tracer
 from ablab.platform.gateway.serving import GatewayState, ServingChat, ServingCompletion, list_models
-from ablab.platform.gateway.settings import GatewaySettings
+from ablab.platform.gateway.settings import METRICS_TOKEN_ENV, GatewaySettings, token_digest
 from ablab.platform.gateway.upstream import upstream_pools
 
 # A prompt compressor: (text, tau, window) -> the text with its predictable tokens dropped.
@@ -61,6 +62,25 @@ def refused_variants(state: GatewayState) -> list[str]:
     return out
 
 
+def metrics_authorized(settings: GatewaySettings, authorization: str | None) -> bool:
+    """Whether a scrape may read ``/metrics``: always when no token is configured, else when
+    it sends ``Authorization: Bearer <token>``. Digests are compared in constant time."""
+    expected = settings.metrics_token_sha256
+    if expected is None:
+        return True
+    scheme, _, token = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return False
+    return hmac.compare_digest(token_digest(token.strip()).encode(), expected.encode())
+
+
+def _unauthorized(detail: str) -> Response:
+    """The API's problem+json shape (``platform/api/problems.py``), without importing the API."""
+    body = {"type": "about:blank", "title": "Unauthorized", "status": 401, "detail": detail, "field": "Authorization"}
+    return Response(orjson.dumps(body), status_code=401, media_type="application/problem+json",
+                    headers={"WWW-Authenticate": "Bearer"})
+
+
 def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True, compress: Compressor | None = None) -> Starlette:
     holder: dict[str, Any] = {}
 
@@ -100,7 +120,11 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
         ready = state is not None and (state.sdk is None or state.sdk.wait_ready(0))
         return Response(orjson.dumps({"ready": bool(ready)}), status_code=200 if ready else 503, media_type="application/json")
 
-    async def metrics(_: Request) -> Response:
+    async def metrics(request: Request) -> Response:
+        # Its labels name backends, experiments and variants; a deployment that must not show
+        # them sets a token (the token itself is never logged or echoed).
+        if not metrics_authorized(settings, request.headers.get("authorization")):
+            return _unauthorized(f"/metrics needs 'Authorization: Bearer <token>' with the token in {METRICS_TOKEN_ENV}")
         return Response(holder["state"].metrics.render(), media_type="text/plain; version=0.0.4")
 
     routes = [

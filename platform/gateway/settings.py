@@ -11,10 +11,15 @@ Backends come from ``ABLAB_GATEWAY_BACKENDS`` (JSON) or a ``--config`` YAML file
       terse: "Answer in one sentence.\n\n{input}"
 
 The YAML may also be the bare ``{name: backend}`` mapping, as the JSON variable is.
+
+``/metrics`` is public unless ``ABLAB_GATEWAY_METRICS_TOKEN`` is set (an environment
+variable only, never the YAML or a flag, which land in files and process lists): then a
+scrape must send it as a bearer token. Only its SHA-256 digest is kept.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -22,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 BACKEND_KINDS = ("openai", "vllm", "llamacpp")
+METRICS_TOKEN_ENV = "ABLAB_GATEWAY_METRICS_TOKEN"
+MIN_METRICS_TOKEN_CHARS = 16  # a guessable token guards nothing
 
 
 class GatewayConfigError(ValueError):
@@ -61,6 +68,9 @@ class GatewaySettings:
     outbox_dir: Path | None = None  # None: events are not written (tests of the proxy alone)
     refresh_s: float = 10.0
     experiments: tuple[str, ...] | None = None  # only these experiments (default: all)
+    # SHA-256 hex of the token /metrics asks for; None: public. The digest, not the token, so
+    # the settings can be printed or logged and the comparison takes fixed-length inputs.
+    metrics_token_sha256: str | None = field(default=None, repr=False)
 
     def backend(self, name: str | None) -> Backend:
         key = name or self.default_backend
@@ -68,6 +78,23 @@ class GatewaySettings:
             return self.backends[key]
         except KeyError:
             raise GatewayConfigError(f"backend {key!r} is not configured; known: {sorted(self.backends)}") from None
+
+
+def token_digest(token: str) -> str:
+    """What :attr:`GatewaySettings.metrics_token_sha256` holds for ``token``."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def _metrics_token(env: dict[str, str]) -> str | None:
+    token = env.get(METRICS_TOKEN_ENV)
+    if token is None:
+        return None
+    token = token.strip()
+    if len(token) < MIN_METRICS_TOKEN_CHARS:
+        raise GatewayConfigError(f"{METRICS_TOKEN_ENV}: at least {MIN_METRICS_TOKEN_CHARS} characters (e.g. "
+                                 "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or unset for a "
+                                 "public /metrics")
+    return token_digest(token)
 
 
 def _backend(name: str, raw: Any) -> Backend:
@@ -123,7 +150,8 @@ def parse_config(data: Any, *, source: str) -> tuple[dict[str, Backend], str, di
 
 def load_settings(*, config_file: Path | None = None, env: dict[str, str] | None = None, **overrides: Any) -> GatewaySettings:
     """Settings from ``--config`` (YAML), else ``ABLAB_GATEWAY_BACKENDS``; API URL, token and
-    outbox from the usual ``ABLAB_*`` settings unless given."""
+    outbox from the usual ``ABLAB_*`` settings unless given; the ``/metrics`` token from
+    ``ABLAB_GATEWAY_METRICS_TOKEN``."""
     env = dict(os.environ if env is None else env)
     if config_file is not None:
         import yaml
@@ -144,6 +172,7 @@ def load_settings(*, config_file: Path | None = None, env: dict[str, str] | None
             "no backends configured: set ABLAB_GATEWAY_BACKENDS='{\"local\": {\"url\": \"http://127.0.0.1:8081/v1\"}}' "
             "or pass --config gateway.yaml"
         )
-    values: dict[str, Any] = {"backends": backends, "default_backend": default, "templates": templates}
+    values: dict[str, Any] = {"backends": backends, "default_backend": default, "templates": templates,
+                              "metrics_token_sha256": _metrics_token(env)}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return GatewaySettings(**values)

@@ -1,4 +1,5 @@
-"""Liveness, readiness and Prometheus metrics (no auth).
+"""Liveness, readiness and Prometheus metrics (no auth, except ``/metrics`` where
+``Settings.metrics_auth`` asks for a viewer-scope token).
 
 ``/readyz`` fails (503) while a component this process runs or depends on is failing: the
 config DB, ClickHouse, the in-process loader (cannot store, or stalled with records
@@ -7,24 +8,28 @@ process runs the loader, the stream job (records to read and no checkpoint for a
 ``/metrics`` exports the same components' counters, last success times and lags through a
 prometheus_client collector: fixed metric names, the varying parts as labels. Each
 component (``ports.Component``) names its own checks and metric families; this module only
-gathers them.
+gathers them. Its labels name experiments, variants and backends, which a deployment may not
+want public: with ``ABLAB_METRICS_AUTH`` a scrape needs the same bearer token as the
+read-only API (the app's own auth: an admin, editor or viewer key; 401/403 problems).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Depends, Header, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
-from ablab.platform.api.deps import StateDep
+from ablab.platform.api.deps import StateDep, require
 from ablab.platform.api.ports import Probe
-from ablab.platform.api.problems import problem
+from ablab.platform.api.problems import problem, responses
 from ablab.platform.api.state import AppState
+from ablab.platform.errors import Forbidden, Unauthorized
+from ablab.platform.registry.schemas import Scope
 
 router = APIRouter(tags=["health"])
 
@@ -87,8 +92,17 @@ class ComponentCollector(Collector):
             yield from component.collect()
 
 
-@router.get("/metrics", response_class=PlainTextResponse,
-            responses={200: {"description": "Prometheus text exposition format"}})
+_viewer = require(Scope.viewer)
+
+
+def metrics_reader(state: StateDep, authorization: Annotated[str | None, Header()] = None) -> None:
+    """Nothing when ``/metrics`` is public (the default); else a viewer-scope bearer token."""
+    if state.settings.metrics_auth:
+        _viewer(state, authorization)
+
+
+@router.get("/metrics", response_class=PlainTextResponse, dependencies=[Depends(metrics_reader)],
+            responses={200: {"description": "Prometheus text exposition format"}, **responses(Unauthorized, Forbidden)})
 def metrics(state: StateDep) -> Response:
     components = CollectorRegistry(auto_describe=False)
     components.register(ComponentCollector(state))

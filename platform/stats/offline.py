@@ -23,6 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ablab.platform.fields import fields_of
+
 from . import unit_agg as ua
 from .aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
 from .engine import analyze
@@ -31,7 +33,8 @@ from .spec import ExperimentSpec
 
 EVENT_TYPES = ("exposure", "inference", "rum", "feedback", "cost")
 LATENCIES = ("e2e_ms", "ttft_ms", "tpot_ms")
-REJECT_REASONS = ("", "unknown_type", "missing_trace_or_unit", "negative_latency", "unknown_variant", "bad_feedback")
+REJECT_REASONS = ("", "unknown_type", "missing_trace_or_unit", "negative_latency", "unknown_variant", "bad_feedback",
+                  "out_of_bounds", "ttft_exceeds_e2e")
 _REASON = {name: i for i, name in enumerate(REJECT_REASONS)}
 # not trace_id: nearly unique, its per-batch dictionaries cost more to unify (1.2 s) than one hash pass
 ID_COLUMNS = ("type", "experiment", "variant", "unit_id")
@@ -91,6 +94,17 @@ def _encode(table: pa.Table, name: str, *, labels: bool = True) -> tuple[np.ndar
     codes = pc.fill_null(enc.indices, -1).to_numpy(zero_copy_only=False).astype(np.int64)
     dictionary = enc.dictionary.to_numpy(zero_copy_only=False) if labels else np.empty(len(enc.dictionary), dtype=object)
     return codes, dictionary
+
+
+def _out_of_bounds(table: pa.Table, event_type: str) -> np.ndarray:
+    """Rows where a field that ``event_type`` events carry is present and outside its
+    catalogue bounds (``ablab.platform.fields``), infinities included."""
+    bad = np.zeros(table.num_rows, dtype=bool)
+    for f in fields_of(event_type):
+        values = _float(table, f.name)
+        with np.errstate(invalid="ignore"):
+            bad |= ~np.isnan(values) & ((values < f.lo) | (values > f.hi))
+    return bad
 
 
 def _float(table: pa.Table, name: str) -> np.ndarray:
@@ -222,6 +236,12 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     for v in lat.values():
         negative |= v < 0
     reasons[inf & negative & (reasons == 0)] = _REASON["negative_latency"]
+    # The edge's and the loader's rules, vectorised: every catalogue bound, inclusive and
+    # compared as IEEE doubles (-0.0 is in range; infinities and the largest double are
+    # not), and no first token after the last. A file holding what the edge refused is then
+    # analysed as the live pipeline stored it.
+    reasons[inf & _out_of_bounds(table, "inference") & (reasons == 0)] = _REASON["out_of_bounds"]
+    reasons[inf & (lat["ttft_ms"] > lat["e2e_ms"]) & (reasons == 0)] = _REASON["ttft_exceeds_e2e"]
     inf &= reasons == 0
     # pre-period requests (CUPED's covariate) count per unit whatever their variant, even none
     pre = inf & (ts < ua.start_ms(spec.start)) if spec.start else np.zeros(n, dtype=bool)
@@ -246,6 +266,7 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
         | ~(np.isnan(correct_all) | (correct_all == 0) | (correct_all == 1))
         | (np.isnan(correct_all) & np.isnan(score_all))
         | np.isinf(score_all)
+        | _out_of_bounds(table, "feedback")
     )
     reasons[fb & bad_label] = _REASON["bad_feedback"]
     fb_rows = np.flatnonzero(fb & (reasons == 0))

@@ -12,7 +12,6 @@ exact in floating point whatever order they are added in.
 from __future__ import annotations
 
 import math
-
 import random
 import uuid
 from collections import defaultdict
@@ -98,6 +97,34 @@ def late_ids(arrivals: Iterable[dict[str, Any]], *, out_of_orderness_ms: int, pa
         if ts <= max_ts[partition] - out_of_orderness_ms:
             late.add(event["event_id"])
     return late
+
+
+def boundary_values() -> list[tuple[str, float | int]]:
+    """(field, value) at and just past every physical bound of the fields the job screens
+    (``ablab.platform.fields``): each bound exactly, the next double beyond it, -0.0 and the
+    smallest subnormal beside a bound of 0, the largest finite double. The edge, the loader
+    and the job must all keep or all refuse each one (issue 37)."""
+    from ablab.platform.fields import FIELDS
+
+    cases: list[tuple[str, float | int]] = []
+    for f in FIELDS.values():
+        if not f.flink:
+            continue
+        if f.type == "int":
+            cases += [(f.name, int(f.lo)), (f.name, int(f.hi)), (f.name, int(f.lo) - 1), (f.name, int(f.hi) + 1)]
+            continue
+        cases += [(f.name, f.lo), (f.name, f.hi), (f.name, math.nextafter(f.hi, math.inf)),
+                  (f.name, math.nextafter(f.lo, -math.inf)), (f.name, 5e-324), (f.name, 1.7976931348623157e308)]
+        if f.lo == 0:
+            cases.append((f.name, -0.0))
+    return cases
+
+
+def coherent(event: dict[str, Any], name: str, value: float | int) -> dict[str, Any]:
+    """``event`` with ``name`` set to ``value`` and the other latencies chosen so that only
+    ``value`` can make it invalid (TTFT <= e2e)."""
+    return {**event, "ttft_ms": 0.0 if name == "e2e_ms" else 100.0, "e2e_ms": 1e6 if name == "ttft_ms" else 110.0,
+            "tpot_ms": 5.0, name: value}
 
 
 def _percentiles(values: list[float]) -> tuple[float, float, float]:

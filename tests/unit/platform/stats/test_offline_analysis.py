@@ -86,6 +86,40 @@ def test_duplicates_late_labels_billing_and_malformed_rows():
     assert t.ratios["coverage"].sum_x == 0  # the malformed label does not count
 
 
+def test_offline_analysis_keeps_and_refuses_boundary_values_as_the_edge_does():
+    """issue 37: `ablab analyze` kept events the edge refuses (1.7e308, a cost over the
+    ceiling, a TTFT after the last token), so /results and the offline analysis of the same
+    file differed. Each boundary value is kept or refused as ``validate_event`` decides."""
+    import math
+
+    from ablab.platform.events import Rejection, validate_event
+    from ablab.platform.fields import FIELDS
+
+    base = {"v": 1, "type": "inference", "experiment": "x", "variant": "c", "unit_id": "u1",
+            "ts": "2026-12-01T00:00:00Z", "ttft_ms": 10.0, "e2e_ms": 100.0, "tpot_ms": 5.0, "prompt_tokens": 5,
+            "output_tokens": 3, "device_s": 0.1, "cost_usd": 0.001, "price_version": "p", "strategy": "s"}
+    rows = []
+    for name, f in FIELDS.items():
+        if "inference" not in f.events:
+            continue
+        lo, hi = (int(f.lo) - 1, int(f.hi) + 1) if f.type == "int" else (math.nextafter(f.lo, -math.inf), math.nextafter(f.hi, math.inf))
+        for value in {f.lo, f.hi, lo, hi, -0.0 if f.type == "float" else 0, 1.7976931348623157e308}:
+            event = {**base, "trace_id": f"{name}-{len(rows)}", name: value}
+            if name == "e2e_ms":
+                event["ttft_ms"] = 0.0
+            if name == "ttft_ms":
+                event["e2e_ms"] = f.hi
+            rows.append(event)
+    rows.append({**base, "trace_id": "incoherent", "ttft_ms": 101.0})
+    kept = {e["trace_id"] for e in rows if not isinstance(validate_event(json.dumps(e)), Rejection)}
+    assert 0 < len(kept) < len(rows)
+    spec = parse_spec({"key": "x", "control": "c", "variants": [{"key": "c"}, {"key": "t"}]})
+    agg = aggregate_events(pd.DataFrame(rows), spec)
+    refused = set(agg.rejected.column("trace_id").to_pylist())
+    assert {e["trace_id"] for e in rows} - refused == kept
+    assert agg.data_quality["rejected"]["ttft_exceeds_e2e"] == 1
+
+
 def test_cli_analyze_json_csv_and_table(tmp_path):
     from ablab.cli import app
 

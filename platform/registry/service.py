@@ -22,12 +22,20 @@ from ablab.platform.registry.experiments import (
     unarchive_experiment,
     update_experiment,
 )
-from ablab.platform.registry.layers import create_holdout, create_layer, layer_read, list_holdouts, list_layers
+from ablab.platform.registry.layers import (
+    create_holdout,
+    create_layer,
+    delete_holdout,
+    delete_layer,
+    layer_read,
+    list_holdouts,
+    list_layers,
+)
 from ablab.platform.registry.sdk_config import config_from_payload, sdk_config
 
 __all__ = [
     "TRANSITIONS", "archive_experiment", "audit_log", "config_from_payload", "create_experiment", "create_holdout",
-    "create_layer", "delete_experiment", "get_experiment", "layer_read", "list_experiments", "list_holdouts",
-    "list_layers", "pause_variant", "record_audit", "registry_revision", "resume_variant", "sdk_config", "to_read",
-    "transition", "unarchive_experiment", "update_experiment",
+    "create_layer", "delete_experiment", "delete_holdout", "delete_layer", "get_experiment", "layer_read",
+    "list_experiments", "list_holdouts", "list_layers", "pause_variant", "record_audit", "registry_revision",
+    "resume_variant", "sdk_config", "to_read", "transition", "unarchive_experiment", "update_experiment",
 ]

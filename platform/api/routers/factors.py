@@ -1,4 +1,4 @@
-"""``/v1/factors``: declare strategy factors and list every factor with its JSON Schema."""
+"""``/v1/factors``: declare, change and delete strategy factors; list every factor with its JSON Schema."""
 
 from __future__ import annotations
 
@@ -39,3 +39,11 @@ def get_factor(name: str, session: SessionDep, _: Viewer) -> FactorRead:
 def update_factor(name: str, body: FactorUpdate, session: SessionDep, principal: Editor) -> FactorRead:
     """Replace a declaration; refused while a live experiment sets a level it would refuse."""
     return service.update_factor(session, name=name, data=body, actor=principal.name)
+
+
+@router.delete("/{name}", status_code=status.HTTP_204_NO_CONTENT, responses=responses(NotFound, Conflict))
+def delete_factor(name: str, session: SessionDep, principal: Editor) -> Response:
+    """Delete a declared factor that no experiment sets (409 naming them otherwise; 409 for
+    a built-in or gateway factor). Audited."""
+    service.delete_factor(session, name=name, actor=principal.name)
+    return Response(status_code=status.HTTP_204_NO_CONTENT)

@@ -19,6 +19,11 @@ from ablab.platform.strategy import GATEWAY_FACTORS, OpenStrategy, Strategy
 
 DECLARED_TYPES = ("number", "integer", "string", "boolean", "enum")
 ORIGINS = ("builtin", "gateway", "declared")
+# The largest integer every reader of a level keeps exactly: bounds live in float64
+# columns, and JSON readers that parse numbers as doubles (JavaScript, ClickHouse's JSON
+# functions) cannot tell 2**53 + 1 from 2**53. Integer levels beyond it are refused, not
+# rounded somewhere downstream.
+MAX_EXACT_INT = 2**53 - 1
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -70,6 +75,8 @@ class FactorDef:
             "enum": any(_same(value, v) for v in self.values or ()),
             "object": isinstance(value, Mapping),
         }[self.type]
+        if ok and self.type == "integer" and abs(value) > MAX_EXACT_INT:
+            return f"{self.name}={value} is not allowed; integers are kept exactly only up to ±{MAX_EXACT_INT} (2**53 - 1)"
         if ok and self.type in ("number", "integer"):
             ok = (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
         if ok or (value is None and self.nullable):
@@ -183,25 +190,50 @@ class FactorCatalog:
         return out
 
 
-def definition_problems(d: FactorDef) -> list[str]:
-    """Why a declaration is not coherent (values only for enums, a range only for numbers...)."""
-    out = []
+def sets_factor(strategy: Mapping[str, Any] | None, name: str) -> bool:
+    """Whether a stored strategy mapping sets the factor ``name`` (``engine`` at the top,
+    ``params.temperature`` inside ``params``)."""
+    data = strategy or {}
+    if name.startswith("params."):
+        params = data.get("params")
+        return isinstance(params, Mapping) and name.split(".", 1)[1] in params
+    return name in data
+
+
+def _int_beyond(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and abs(value) > MAX_EXACT_INT
+
+
+def definition_problems(d: FactorDef) -> list[tuple[str, str]]:
+    """Why a declaration is not coherent (values only for enums, a range only for numbers...),
+    as ``(field, why)`` so the refusal names the field at fault."""
+    out: list[tuple[str, str]] = []
     if d.type not in DECLARED_TYPES:
-        out.append(f"type must be one of {', '.join(DECLARED_TYPES)}")
+        out.append(("type", f"type must be one of {', '.join(DECLARED_TYPES)}"))
         return out
+    bound = "min" if d.min is not None else "max"
     if d.type == "enum":
         if not d.values:
-            out.append("an enum needs `values`: the allowed levels")
+            out.append(("values", "an enum needs `values`: the allowed levels"))
         elif len({repr(v) for v in d.values}) != len(d.values):
-            out.append("`values` must not repeat a level")
+            out.append(("values", "`values` must not repeat a level"))
+        for i, v in enumerate(d.values or ()):
+            if isinstance(v, int) and _int_beyond(v):
+                out.append((f"values[{i}]", f"{v} is beyond ±{MAX_EXACT_INT} (2**53 - 1), the largest integer kept exactly"))
     elif d.values is not None:
-        out.append(f"`values` is for enums; a {d.type} factor takes `min`/`max` or nothing")
+        out.append(("values", f"`values` is for enums; a {d.type} factor takes `min`/`max` or nothing"))
     if d.type not in ("number", "integer") and (d.min is not None or d.max is not None):
-        out.append(f"`min`/`max` are for number and integer factors, not {d.type}")
-    if d.type == "integer" and any(b is not None and not float(b).is_integer() for b in (d.min, d.max)):
-        out.append("`min`/`max` of an integer factor must be integers")
+        out.append((bound, f"`min`/`max` are for number and integer factors, not {d.type}"))
+    if d.type == "integer":
+        for name, b in (("min", d.min), ("max", d.max)):
+            if b is not None and not float(b).is_integer():
+                out.append((name, "`min`/`max` of an integer factor must be integers"))
+            # Bounds are float64 columns: beyond 2**53 - 1 the stored bound is not the one given.
+            elif _int_beyond(b):
+                out.append((name, f"{int(b)} is beyond ±{MAX_EXACT_INT} (2**53 - 1): an integer bound is stored "
+                                  "as a float64, exact only up to there"))
     if d.min is not None and d.max is not None and d.min > d.max:
-        out.append(f"`min` ({_fmt(d.min)}) is above `max` ({_fmt(d.max)})")
+        out.append(("min", f"`min` ({_fmt(d.min)}) is above `max` ({_fmt(d.max)})"))
     if d.default is not None and not out and (why := d.problem(d.default)) is not None:
-        out.append("`default`: " + why)
+        out.append(("default", why))
     return out

@@ -1,4 +1,4 @@
-"""Declared factors: declare, change, list; and the check every experiment write runs.
+"""Declared factors: declare, change, list, delete; and the check every experiment write runs.
 
 Services flush; the caller's transaction commits (``registry.db.transaction``).
 """
@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ablab.platform.errors import Conflict, Invalid, NotFound
-from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef
+from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef, sets_factor
 from ablab.platform.registry.factors.models import DeclaredFactor
 from ablab.platform.registry.factors.schemas import FactorCreate, FactorRead, FactorUpdate
 from ablab.platform.registry.models import AuditEntry, Experiment
@@ -45,8 +45,9 @@ def get_factor(session: Session, name: str) -> FactorRead:
     return FactorRead.of(found)
 
 
-def _row(session: Session, name: str) -> DeclaredFactor | None:
-    return session.scalar(select(DeclaredFactor).where(DeclaredFactor.name == name))
+def _row(session: Session, name: str, *, lock: bool = False) -> DeclaredFactor | None:
+    query = select(DeclaredFactor).where(DeclaredFactor.name == name)
+    return session.scalar(query.with_for_update() if lock else query)
 
 
 def _write(row: DeclaredFactor, data: FactorUpdate) -> None:
@@ -98,6 +99,47 @@ def update_factor(session: Session, *, name: str, data: FactorUpdate, actor: str
     return FactorRead.of(wanted)
 
 
+def experiments_setting(session: Session, name: str) -> list[str]:
+    """Keys of every experiment, whatever its status and archived or not, one of whose
+    variants sets the factor ``name``."""
+    return [exp.key for exp in session.scalars(select(Experiment).order_by(Experiment.key))
+            if any(sets_factor(v.strategy, name) for v in exp.variants)]
+
+
+def delete_factor(session: Session, *, name: str, actor: str) -> None:
+    """Delete a declaration no experiment uses; the name may be declared again afterwards.
+
+    Every experiment counts, stopped and archived ones too: their results are kept and
+    read through the factor (attribution fills in its default for the variants that leave
+    it out), and a new declaration under the same name could give their stored levels
+    another meaning. A draft that sets it can be changed or deleted first.
+    """
+    # Locked before the experiments are read: an experiment write holds the declared rows
+    # FOR SHARE from its check to its commit (check_strategies), so it either commits first
+    # (and the scan below sees it) or waits and then finds the factor gone (PostgreSQL;
+    # SQLite ignores row locks).
+    row = _row(session, name, lock=True)
+    if row is None:
+        fixed = catalog(session).get(name)
+        if fixed is not None:
+            why = ("the strategy schema defines it and the in-repo runtime serves it" if fixed.origin == "builtin"
+                   else "the gateway reads it from every strategy")
+            raise Conflict(f"factor '{name}' is a {fixed.origin} factor, not a declared one: {why}, so it cannot be deleted",
+                           field="name")
+        raise NotFound(f"factor '{name}' is not declared; GET /v1/factors lists every factor", field="name")
+    users = experiments_setting(session, name)
+    if users:
+        shown = ", ".join(users[:20]) + (f" and {len(users) - 20} more" if len(users) > 20 else "")
+        raise Conflict(f"factor '{name}' is set by experiment{'s' if len(users) > 1 else ''} {shown}; an experiment's "
+                       "results are read through the factors it sets, stopped and archived ones included, so it stays "
+                       "declared while they exist (an experiment that never ran can be changed or deleted first)",
+                       field="name")
+    before = _snapshot(_definition(row))
+    session.delete(row)
+    session.flush()
+    _audit(session, actor=actor, action="delete", name=name, before=before, after=None)
+
+
 def check_strategies(session: Session, variants: Sequence[Any] | None) -> None:
     """Refuse a write whose strategies set an undeclared factor or a level not allowed.
 
@@ -105,7 +147,10 @@ def check_strategies(session: Session, variants: Sequence[Any] | None) -> None:
     """
     if not variants:
         return
-    factors = catalog(session)
+    # FOR SHARE until the write commits, so a concurrent delete_factor cannot remove a
+    # factor these strategies were just checked against (it waits for this commit).
+    rows = session.scalars(select(DeclaredFactor).with_for_update(read=True))
+    factors = FactorCatalog(_definition(r) for r in rows)
     for i, v in enumerate(variants):
         strategy: OpenStrategy = v.strategy
         problems = factors.problems(strategy)

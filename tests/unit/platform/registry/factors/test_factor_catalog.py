@@ -33,7 +33,7 @@ def test_builtin_pack_and_gateway_factors_are_listed_with_schemas() -> None:
         ({"name": "tier", "type": "boolean", "min": 0}, "`min`/`max` are for number and integer"),
         ({"name": "beam", "type": "integer", "min": 0.5}, "must be integers"),
         ({"name": "beam", "type": "integer", "min": 4, "max": 1}, "is above `max`"),
-        ({"name": "beam", "type": "integer", "min": 1, "max": 4, "default": 9}, "`default`: beam=9 is not allowed"),
+        ({"name": "beam", "type": "integer", "min": 1, "max": 4, "default": 9}, "default: beam=9 is not allowed"),
         ({"name": "beam", "type": "number", "max": float("inf")}, "finite"),
     ],
 )

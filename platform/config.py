@@ -70,6 +70,10 @@ class Settings(BaseSettings):
         description="Largest request body the API reads (every route; a chunked body is refused as it passes it).")
     event_max_ahead_s: float = Field(
         default=300.0, ge=0, description="Ingestion refuses an event time further than this ahead of the receiving clock.")
+    stream_heartbeat_s: float = Field(
+        default=1.0, ge=0,
+        description="The API writes a heartbeat to every inference partition every N s (0 = off), so the stream "
+                    "job's event time follows the clock when requests stop and the last windows close.")
     event_max_age_s: float = Field(
         default=30 * 86_400.0, gt=0, description="Ingestion refuses an event time older than this (the retention).")
     webhook_tolerance_s: float = Field(

@@ -489,6 +489,26 @@ def topic_key(event: _EventBase) -> bytes:
     return key.encode()
 
 
+# --- heartbeats ---------------------------------------------------------------------------
+
+HEARTBEAT_TYPE = "heartbeat"
+_HEARTBEAT_MARK = b'"type":"heartbeat"'
+
+
+def heartbeat_record(moment: datetime) -> bytes:
+    """A record that says "the producer's clock is at ``moment``" on one partition of the
+    inference topic. It carries no measurement: the stream job reads only its ``ts`` (so the
+    watermark advances while no request arrives and the last windows close), the loader
+    skips it, and the edge refuses the type (it is not an event anyone may send)."""
+    return b'{"v":1,' + _HEARTBEAT_MARK + b',"ts":"' + _iso_ms(moment).encode() + b'"}'
+
+
+def is_heartbeat(value: bytes) -> bool:
+    """Whether a Kafka value is a :func:`heartbeat_record` (exactly its shape, so no event
+    can pass for one)."""
+    return value.startswith(b'{"v":1,' + _HEARTBEAT_MARK + b',"ts":"') and len(value) <= 64
+
+
 # --- dead letters ----------------------------------------------------------------------
 
 DEAD_LETTER_RAW_LIMIT = 8 * 1024

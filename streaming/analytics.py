@@ -142,6 +142,8 @@ class AnalyticsStore:
         yield CounterMetricFamily("ablab_loader_rollup_replays",
                                   "Stretches replayed batch by batch after a checkpoint's recompute failed on data",
                                   value=stats.rollup_replays)
+        yield CounterMetricFamily("ablab_loader_heartbeats", "Heartbeat records read (the edge's clock; nothing stored)",
+                                  value=stats.heartbeats)
         yield GaugeMetricFamily("ablab_loader_failing", "1 while the loader cannot store its batch",
                                 value=1.0 if stats.consecutive_failures else 0.0)
         if stats.last_flush_at is not None:

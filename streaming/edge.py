@@ -58,7 +58,8 @@ class KafkaIngest:
 
         for slot in range(SPOOL_SLOTS):
             try:
-                self.emitter = emitter_from_settings(name=f"api-{slot}", settings=settings)
+                self.emitter = emitter_from_settings(name=f"api-{slot}", settings=settings,
+                                                     heartbeat_s=settings.stream_heartbeat_s)
                 break
             except SpoolLockedError:
                 continue

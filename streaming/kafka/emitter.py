@@ -40,10 +40,11 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ablab.platform.events import Rejection, dead_letter_record, topic_key
+from ablab.platform.events import Rejection, dead_letter_record, heartbeat_record, topic_key
 from ablab.streaming.kafka.spool import FsyncPolicy, Spool, SpoolRecord
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, event_topic
 
@@ -65,6 +66,14 @@ class EmitterConfig:
     bootstrap_timeout_ms: int = 3_000
     fsync: FsyncPolicy = "always"
     probe_backoff_s: tuple[float, float] = (0.5, 5.0)
+    heartbeat_s: float = 0.0
+    """Every this many seconds (0: never), while the broker is up and nothing is spooled,
+    write a heartbeat record (:func:`ablab.platform.events.heartbeat_record`) to every
+    partition of ``heartbeat_topic``, after the records already handed over. The stream
+    job's watermark then follows this clock when requests stop, so the last windows close
+    instead of waiting for the next request. Not spooled: a heartbeat is only worth
+    anything now, and one sent behind spooled events would make them late."""
+    heartbeat_topic: str = event_topic("inference")
 
 
 class Emitter:
@@ -75,7 +84,7 @@ class Emitter:
         self._queue: queue.Queue[SpoolRecord] = queue.Queue(maxsize=config.queue_size)
         self._spool = Spool(config.spool_dir, fsync=config.fsync)
         self._counts = {"emitted": 0, "sent": 0, "spooled": 0, "replayed": 0, "dropped": 0,
-                        "rejected": 0, "send_failures": 0, "overflow_spooled": 0, "late_acks": 0}
+                        "rejected": 0, "send_failures": 0, "overflow_spooled": 0, "late_acks": 0, "heartbeats": 0}
         self._count_lock = threading.Lock()
         # Records handed to the producer and not yet acknowledged, by a local sequence number.
         # Whoever pops a record (ack callback, failure callback, or the worker reclaiming
@@ -89,6 +98,7 @@ class Emitter:
         self._next_probe = 0.0
         self._backoff = config.probe_backoff_s[0]
         self._acked_in_segment: dict[Path, set[int]] = {}
+        self._next_heartbeat = 0.0
         self._worker = threading.Thread(target=self._run, name="ablab-emitter", daemon=True)
         self._worker.start()
 
@@ -170,6 +180,7 @@ class Emitter:
                         return
             finally:
                 self._queue_items_done(len(batch))
+            self._heartbeat()
             return
         # Degraded: keep order by putting new records behind the spooled ones.
         self._spool_queued(block=True)
@@ -198,6 +209,26 @@ class Emitter:
         future.add_callback(self._on_sent, seq)
         future.add_errback(self._on_send_failed, seq)
         return True
+
+    def _heartbeat(self) -> None:
+        """One heartbeat per partition when due: behind every record sent before it, since
+        a partition's records keep the producer's order."""
+        now = time.monotonic()
+        if self.config.heartbeat_s <= 0 or now < self._next_heartbeat or not self._healthy or self._producer is None:
+            return
+        self._next_heartbeat = now + self.config.heartbeat_s
+        topic = self.config.heartbeat_topic
+        try:
+            partitions = self._producer.partitions_for(topic)
+            moment = datetime.now(UTC)
+            value = heartbeat_record(moment)
+            stamp = int(moment.timestamp() * 1000)
+            for partition in sorted(partitions or ()):
+                self._producer.send(topic, value=value, partition=partition, timestamp_ms=stamp)
+        except Exception:  # a missed heartbeat delays a window by one interval; never fail the worker
+            log.debug("heartbeat to %s failed", topic, exc_info=True)
+            return
+        self._count("heartbeats")
 
     # kafka-python calls callbacks as f(*args, result): our seq comes first.
     def _on_sent(self, seq: int, _metadata: Any) -> None:

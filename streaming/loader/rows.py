@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ablab.platform import fields
-from ablab.platform.events import MAX_EVENT_BYTES, Rejection, validate_event
+from ablab.platform.events import MAX_EVENT_BYTES, Rejection, is_heartbeat, validate_event
 from ablab.streaming.store.columns import RAW_COLUMNS
 
 WINDOW_COLUMNS = fields.WINDOW_COLUMNS
@@ -54,6 +54,9 @@ class Routed:
     row: tuple[Any, ...]
 
 
+HEARTBEAT = Routed("heartbeat", ())
+"""A heartbeat record (the edge's clock, for the stream job's watermark): nothing to store."""
+
 KnownExperiments = Callable[[], Collection[str]] | None
 
 
@@ -73,6 +76,8 @@ def route(
         return Rejection("$", f"record is {len(value)} bytes; the limit is {MAX_EVENT_BYTES}")
     if topic == windows_topic:
         return _window_record(value, known_experiments)
+    if is_heartbeat(value):
+        return HEARTBEAT
     event = validate_event(value)
     if isinstance(event, Rejection):
         return event

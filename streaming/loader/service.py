@@ -64,7 +64,7 @@ from typing import TYPE_CHECKING, Any
 from ablab.platform.events import Rejection, dead_letter_record
 from ablab.streaming.kafka.consumer import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
 from ablab.streaming.kafka.topics import DEADLETTER_TOPIC, EVENT_TOPICS, WINDOWS_TOPIC
-from ablab.streaming.loader.rows import DEFAULT_MAX_FUTURE_S, RAW_COLUMNS, TABLE_COLUMNS, Routed, route
+from ablab.streaming.loader.rows import DEFAULT_MAX_FUTURE_S, HEARTBEAT, RAW_COLUMNS, TABLE_COLUMNS, Routed, route
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -110,6 +110,8 @@ class LoaderStats:
     """Recompute-and-commit points (each covers one batch or several)."""
     rollup_replays: int = 0
     """Times a checkpoint's recompute failed on data and the stretch was replayed batch by batch."""
+    heartbeats: int = 0
+    """Heartbeat records read (the edge's clock for the stream job; nothing stored)."""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -124,6 +126,7 @@ class LoaderStats:
             "restarts": self.restarts,
             "checkpoints": self.checkpoints,
             "rollup_replays": self.rollup_replays,
+            "heartbeats": self.heartbeats,
             "last_error": self.last_error,
             "bisections": self.bisections,
             "last_flush_at": self.last_flush_at,
@@ -404,7 +407,9 @@ class Loader:
                 routed = route(topic=partition.topic, value=record.value, partition=partition.partition,
                                offset=record.offset, windows_topic=self.windows_topic, known_experiments=known,
                                now=now, max_future_s=self.max_future_s)
-                if isinstance(routed, Routed):
+                if routed is HEARTBEAT:
+                    self.stats.heartbeats += 1
+                elif isinstance(routed, Routed):
                     self._pending[routed.table].append(routed.row)
                     self._origins[routed.table].append(_Origin(partition.topic, partition.partition, record.offset,
                                                                record.value))

@@ -93,10 +93,14 @@ def test_broker_absent_at_start_spools_then_replays_in_order(tmp_path: Path) -> 
         while emitter.counters()["spool_pending"] < 500 and time.monotonic() < deadline:
             time.sleep(0.1)
         assert emitter.counters()["spool_pending"] == 500 and not emitter.counters()["broker_up"]
+        broker_started_ms = time.time() * 1000
         start_broker(config=broker)
         assert emitter.flush(90), emitter.counters()
         assert emitter.counters()["replayed"] == 500
         records = read_topics(bootstrap=broker.bootstrap, topics=EVENT_TOPICS.values(), expected=500)
+        # each record's timestamp is when it was emitted (the edge received it), kept through
+        # the spool: the stream job bounds event times by it (issue 37)
+        assert all(r.timestamp <= broker_started_ms for r in records)
         numbers = [int(json.loads(r.value)["event_id"].rsplit("-", 1)[1]) for r in records]
         assert sorted(numbers) == list(range(500))
         # replay kept emit order within each partition
@@ -172,3 +176,28 @@ def test_a_record_the_broker_can_never_take_is_counted_and_the_rest_flows(kafka_
     assert counters["dropped"] == 1 and counters["broker_up"], counters
     ids = ids_of_run(kafka_broker, run, 50)
     assert set(ids) == {f"{run}-{i}" for i in range(50)}
+
+
+def test_heartbeats_reach_every_partition_behind_the_records_sent_before_them(kafka_broker: str, tmp_path: Path) -> None:
+    """issue 35: with ``heartbeat_s`` the emitter writes its clock to every partition of the
+    inference topic, so the stream job's event time moves while no request arrives."""
+    from ablab.platform.events import is_heartbeat
+    from ablab_testing.pipeline import PipelineTopics
+
+    topics = PipelineTopics.unique("heartbeat")
+    topics.create(bootstrap=kafka_broker, partitions=3)
+    config = EmitterConfig(bootstrap=kafka_broker, spool_dir=tmp_path / "spool", heartbeat_s=0.2,
+                           heartbeat_topic=topics.inference)
+    with Emitter(config=config) as emitter:
+        deadline = time.monotonic() + 30
+        while emitter.counters()["heartbeats"] < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert emitter.counters()["heartbeats"] >= 3, emitter.counters()
+        assert emitter.flush(30)
+    records = read_topics(bootstrap=kafka_broker, topics=[topics.inference], idle_s=2.0)
+    assert {r.partition for r in records} == {0, 1, 2}
+    assert all(is_heartbeat(r.value) for r in records)
+    for r in records:  # the record timestamp is the heartbeat's own time
+        ts = datetime.fromisoformat(json.loads(r.value)["ts"].replace("Z", "+00:00"))
+        assert abs(ts.timestamp() * 1000 - r.timestamp) < 1
+    assert emitter.counters()["spooled"] == 0  # heartbeats are never spooled

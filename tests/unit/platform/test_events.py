@@ -331,3 +331,16 @@ def test_measures_and_dims_are_bounded(overrides, field: str, fragment: str) -> 
     rejection = validate_event(inference(**overrides))
     assert isinstance(rejection, Rejection)
     assert rejection.field.startswith(field) and fragment in rejection.message
+
+
+def test_a_heartbeat_is_no_event_and_no_event_is_a_heartbeat():
+    from datetime import UTC, datetime
+
+    from ablab.platform.events import heartbeat_record, is_heartbeat, validate_event
+
+    beat = heartbeat_record(datetime(2026, 12, 6, 1, 2, 3, 456789, tzinfo=UTC))
+    assert beat == b'{"v":1,"type":"heartbeat","ts":"2026-12-06T01:02:03.456Z"}'
+    assert is_heartbeat(beat)
+    refused = validate_event(beat)  # nobody may send one through the edge
+    assert getattr(refused, "field", None) == "type"
+    assert not is_heartbeat(beat[:-1] + b',"trace_id":"' + b"x" * 40 + b'"}')

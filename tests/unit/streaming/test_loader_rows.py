@@ -117,3 +117,17 @@ def test_a_record_whose_value_is_an_event_as_a_json_string_is_refused():
     # gets the same rule here: the value must be the event object, not text that holds one.
     refused = _route("ablab.inference", json.dumps(_inference().decode()).encode())
     assert isinstance(refused, Rejection) and refused.field == "$" and "str" in refused.message
+
+
+def test_a_heartbeat_is_skipped_not_stored_nor_dead_lettered():
+    # issue 35: the edge's clock, written to every inference partition for the stream job's
+    # watermark; the loader has nothing to store for it, and nothing is wrong with it.
+    from datetime import UTC, datetime
+
+    from ablab.platform.events import heartbeat_record
+    from ablab.streaming.loader.rows import HEARTBEAT
+
+    assert _route("ablab.inference", heartbeat_record(datetime.now(UTC))) is HEARTBEAT
+    # an event cannot pass for one: a heartbeat is exactly its shape
+    spoof = json.dumps({**json.loads(_inference()), "type": "heartbeat"}).encode()
+    assert isinstance(_route("ablab.inference", spoof), Rejection)

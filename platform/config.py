@@ -50,6 +50,10 @@ class Settings(BaseSettings):
     dashboard_port: int = Field(default=8501, ge=1, le=65535)
     dashboard_api_urls: list[str] = Field(
         default=[], description="Other ablab APIs the dashboard's sign-in may offer; it talks to `api_url` and these only.")
+    dashboard_session_idle_s: float = Field(
+        default=12 * 3600.0, gt=0, description="A dashboard sign-in ends after this long with no page load or interaction.")
+    dashboard_session_max_s: float = Field(
+        default=7 * 86_400.0, gt=0, description="A dashboard sign-in ends this long after it began, however active.")
     webhook_secret: SecretStr = SecretStr(_DEV_WEBHOOK_SECRET)
     bucket_space: int = Field(default=10_000, ge=10_000, description="Assignment buckets per hash space.")
     sdk_refresh_s: float = Field(default=10.0, gt=0)

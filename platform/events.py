@@ -67,6 +67,8 @@ MAX_JSON_DEPTH = 32
 """Deepest JSON nesting accepted in an event or an ingestion body (an event is 3 deep)."""
 
 EVENT_TYPES = ("exposure", "inference", "rum", "feedback", "cost")
+STORED_SHADOW_TYPE = "shadow"
+"""The store's ``type`` of an inference event with ``shadow_of`` (``InferenceEvent.stored_type``)."""
 SCHEMA_DIR = Path(__file__).parent / "schemas"
 
 _ID_PATTERN = r"^[A-Za-z0-9_.:\-]+$"  # printable, no spaces: safe as a Kafka key and in SQL
@@ -280,12 +282,32 @@ class InferenceEvent(_Assigned):
         default=None, max_length=MAX_DIMS,
         description="Segment dimensions of the request (task domain, prompt-length bucket), by name.",
     )
+    shadow_of: Identifier | None = Field(
+        default=None,
+        description="Set on a shadow request's own event: the trace_id of the primary request it mirrored. Its "
+                    "answer was never returned; it is compared with its primary, never counted in a variant.",
+    )
+    shadow: Literal["sent", "dropped"] | None = Field(
+        default=None,
+        description="On a primary request chosen for shadowing: sent (a shadow was launched) or dropped (the "
+                    "shadow's concurrency cap was full). Absent when not chosen.",
+    )
 
     @model_validator(mode="after")
     def _coherent_latencies(self) -> "InferenceEvent":
         if self.ttft_ms > self.e2e_ms:
             raise _field_error("ttft_ms", f"ttft_ms ({self.ttft_ms}) exceeds e2e_ms ({self.e2e_ms})")
+        if self.shadow_of is not None and self.shadow is not None:
+            raise _field_error("shadow", "a shadow request has no shadow of its own")
+        if self.shadow_of is not None and self.shadow_of == self.trace_id:
+            raise _field_error("shadow_of", "a shadow has its own trace_id, not its primary's")
         return self
+
+    @property
+    def stored_type(self) -> str:
+        """The ``type`` its store row carries: ``shadow`` for a shadow request, so every
+        reader of ``type = 'inference'`` (windows, rollup, results) leaves shadows out."""
+        return STORED_SHADOW_TYPE if self.shadow_of is not None else self.type
 
 
 class RumEvent(_Joined):

@@ -40,7 +40,7 @@ _REASON = {name: i for i, name in enumerate(REJECT_REASONS)}
 ID_COLUMNS = ("type", "experiment", "variant", "unit_id")
 COLUMNS = (
     "type", "ts", "trace_id", "experiment", "variant", "unit_id", *LATENCIES, "prompt_tokens", "output_tokens",
-    "device_s", "cost_usd", "error", "correct", "score", "measures", "dims",
+    "device_s", "cost_usd", "error", "correct", "score", "measures", "dims", "shadow_of", "shadow",
 )
 
 
@@ -66,7 +66,7 @@ def to_table(events: Any) -> pa.Table:
         return events
     keep = [c for c in events.columns if wanted(c)]
     frame = events[keep].copy()
-    for c in ("trace_id", "experiment", "variant", "unit_id", "type", "error"):
+    for c in ("trace_id", "experiment", "variant", "unit_id", "type", "error", "shadow_of", "shadow"):
         if c in frame.columns and frame[c].dtype == object:
             frame[c] = frame[c].where(frame[c].isna(), frame[c].astype(str))
     return pa.Table.from_pandas(frame, preserve_index=False)
@@ -230,7 +230,9 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     ts = _timestamps_ms(table)
     lat = {name: _float(table, name) for name in LATENCIES}
 
-    inf = mine & of_type("inference")
+    # a shadow request (shadow_of set) is compared with its primary, never counted in a variant
+    shadow_of, _ = _encode(table, "shadow_of", labels=False)
+    inf = mine & of_type("inference") & (shadow_of < 0)
     reasons[inf & ((trace < 0) | (unit_codes < 0))] = _REASON["missing_trace_or_unit"]
     negative = np.zeros(n, dtype=bool)
     for v in lat.values():

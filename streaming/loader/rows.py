@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from ablab.platform import fields
-from ablab.platform.events import MAX_EVENT_BYTES, Rejection, is_heartbeat, validate_event
+from ablab.platform.events import MAX_EVENT_BYTES, STORED_SHADOW_TYPE, Rejection, is_heartbeat, validate_event
 from ablab.streaming.store.columns import RAW_COLUMNS
 
 WINDOW_COLUMNS = fields.WINDOW_COLUMNS
@@ -110,13 +110,15 @@ def raw_event_row(event: Any, *, payload: bytes, partition: int, offset: int) ->
     # fallback for absent names, which raised and caught an AttributeError per missing
     # column and was the loader's largest cost (benchmarks/bench_loader.py).
     get = vars(event).get
+    shadow_of = get("shadow_of")
     return (
-        event.event_id, event.type, event.ts, get("trace_id") or "", get("experiment") or "",
+        event.event_id, STORED_SHADOW_TYPE if shadow_of else event.type, event.ts, get("trace_id") or "",
+        get("experiment") or "",
         get("variant") or "", get("unit_id") or "",
         get("ttft_ms"), get("e2e_ms"), get("tpot_ms"), get("prompt_tokens"), get("output_tokens"),
         get("device_s"), get("cost_usd"), get("price_version") or "", get("error"), get("strategy") or "",
         get("correct"), get("score"), get("source") or "", payload.decode("utf-8", errors="replace"),
-        get("measures") or {}, get("dims") or {}, partition, offset,
+        get("measures") or {}, get("dims") or {}, partition, offset, shadow_of or "", get("shadow") or "",
     )
 
 

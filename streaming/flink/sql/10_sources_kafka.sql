@@ -27,6 +27,7 @@ CREATE TEMPORARY TABLE inference_events (
     output_tokens BIGINT,
     cost_usd      DOUBLE,
     `error`       STRING,
+    shadow_of     STRING,
     kafka_partition INT METADATA FROM 'partition' VIRTUAL,
     received      TIMESTAMP_LTZ(3) METADATA FROM 'timestamp' VIRTUAL,
     arrival       AS PROCTIME(),

@@ -43,7 +43,9 @@ SELECT COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id
            WHEN ttft_ms > e2e_ms THEN 'ttft_ms'
        END AS rejected_field
 FROM inference_events
-WHERE ts IS NOT NULL AND trace_id IS NOT NULL
+-- A shadow request (shadow_of set) is compared with its primary in ClickHouse, never
+-- counted in a variant's windows. Heartbeats (no trace_id) only move the watermark.
+WHERE shadow_of IS NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
   AND experiment IS NOT NULL AND `variant` IS NOT NULL
   AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
   AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL;

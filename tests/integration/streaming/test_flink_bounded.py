@@ -129,9 +129,11 @@ def test_a_clock_running_ahead_and_boundary_values_agree_with_the_edge(tmp_path)
     assert {field for _, field in boundary} >= {None, "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "prompt_tokens"}
     assert any(e["e2e_ms"] == 0 and math.copysign(1, e["e2e_ms"]) < 0 for e, field in boundary if field is None)
 
+    # a shadow request (issue 34) is compared with its primary in the store, never windowed
+    shadow = {**inference[middle], "event_id": "shadow", "trace_id": "shadow", "shadow_of": inference[middle]["trace_id"]}
     path = tmp_path / "inference.json"
     with path.open("w") as handle:
-        for event in [*inference[:middle], ahead, *(e for e, _ in boundary), *inference[middle:]]:
+        for event in [*inference[:middle], ahead, shadow, *(e for e, _ in boundary), *inference[middle:]]:
             handle.write(json.dumps(event) + "\n")
     config = job.JobConfig(out_of_orderness_s=2.0)
     conf = {key: value for key, value in job.flink_configuration(config, connector_jar=None).items()

@@ -131,3 +131,19 @@ def test_a_heartbeat_is_skipped_not_stored_nor_dead_lettered():
     # an event cannot pass for one: a heartbeat is exactly its shape
     spoof = json.dumps({**json.loads(_inference()), "type": "heartbeat"}).encode()
     assert isinstance(_route("ablab.inference", spoof), Rejection)
+
+
+def test_a_shadow_request_is_stored_apart_from_the_variants_requests():
+    # issue 34: a shadow's own inference event (shadow_of = its primary's trace_id) is stored
+    # with type 'shadow', so no reader of type = 'inference' counts it in a variant.
+    shadow = json.loads(_inference())
+    primary_trace = shadow["trace_id"]
+    shadow.update(trace_id="shadow-1", event_id="shadow-1", shadow_of=primary_trace)
+    row = dict(zip(RAW_COLUMNS, _route("ablab.inference", json.dumps(shadow).encode()).row))
+    assert (row["type"], row["shadow_of"], row["shadow"]) == ("shadow", primary_trace, "")
+    primary = dict(zip(RAW_COLUMNS, _route("ablab.inference", _inference(shadow="dropped")).row))
+    assert (primary["type"], primary["shadow_of"], primary["shadow"]) == ("inference", "", "dropped")
+    for bad, field in (({**shadow, "shadow": "sent"}, "shadow"), ({**shadow, "shadow_of": "shadow-1"}, "shadow_of"),
+                       ({**shadow, "shadow_of": None, "shadow": "maybe"}, "shadow")):
+        refused = _route("ablab.inference", json.dumps(bad).encode())
+        assert isinstance(refused, Rejection) and refused.field == field, refused

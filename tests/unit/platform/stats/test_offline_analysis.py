@@ -120,6 +120,20 @@ def test_offline_analysis_keeps_and_refuses_boundary_values_as_the_edge_does():
     assert agg.data_quality["rejected"]["ttft_exceeds_e2e"] == 1
 
 
+def test_shadow_requests_are_not_counted_in_their_variant():
+    """issue 34: a shadow request's event (shadow_of set) is compared with its primary,
+    never counted as one of the variant's requests."""
+    base = {"type": "inference", "experiment": "x", "unit_id": "u1", "ts": "2026-12-01T00:00:00Z", "ttft_ms": 10.0,
+            "cost_usd": 0.001}
+    ev = pd.DataFrame([{**base, "trace_id": "p1", "variant": "c", "e2e_ms": 100.0, "shadow": "sent"},
+                       {**base, "trace_id": "p2", "variant": "t", "e2e_ms": 200.0},
+                       {**base, "trace_id": "s1", "variant": "c", "e2e_ms": 900.0, "shadow_of": "p1"}])
+    spec = parse_spec({"key": "x", "control": "c", "variants": [{"key": "c"}, {"key": "t"}]})
+    agg = aggregate_events(ev, spec)
+    assert agg.stats["c"].ratios["e2e_ms"].ratio == 100.0  # the shadow's 900 ms is not the variant's
+    assert agg.data_quality.get("rejected", {}) == {}
+
+
 def test_cli_analyze_json_csv_and_table(tmp_path):
     from ablab.cli import app
 

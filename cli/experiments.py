@@ -18,7 +18,7 @@ from rich.table import Table
 from ablab.cli._common import console, fail, out
 from ablab.platform.config import get_settings
 
-MUTABLE = ("name", "hypothesis", "owner", "traffic", "control", "metrics", "guardrails", "targeting", "forced")
+MUTABLE = ("name", "hypothesis", "owner", "traffic", "control", "metrics", "guardrails", "targeting", "forced", "shadow")
 LIFECYCLE_PATH = {"running": ["start"], "paused": ["start", "pause"], "stopped": ["stop"]}
 
 
@@ -163,6 +163,9 @@ def _apply_experiment(http: Any, spec: dict[str, Any], dry_run: bool) -> str:
     ]:
         patch["variants"] = spec["variants"]
         patch["new_phase"] = True
+    elif "variants" in spec and any(_differs(v.get("shadow"), s.get("shadow"))
+                                    for v, s in zip(spec["variants"], state["variants"])):
+        patch["variants"] = spec["variants"]  # the same variants, other shadows: no new phase
     if patch and state["status"] != "stopped":
         if dry_run:
             return "would update " + ", ".join(sorted(k for k in patch if k != "new_phase"))

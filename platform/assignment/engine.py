@@ -38,6 +38,10 @@ class Assignment:
     variant: str
     strategy: Mapping[str, Any]
     forced: bool = False
+    # The shadow the variant's requests get ({strategy, fraction, max_concurrency,
+    # timeout_s}: the variant's own, else the experiment's), or None. Not part of equality:
+    # it does not change which variant a unit sees.
+    shadow: Mapping[str, Any] | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -46,6 +50,7 @@ class VariantSpec:
     weight: float
     strategy: Mapping[str, Any] = field(default_factory=dict)
     paused: bool = False
+    shadow: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,7 @@ class ExperimentSpec:
     holdout: str | None = None
     targeting: tuple[Rule, ...] = ()
     forced: Mapping[str, str] = field(default_factory=dict)
+    shadow: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         keys = [v.key for v in self.variants]
@@ -145,7 +151,7 @@ class _Compiled:
 
 def _compile(exp: ExperimentSpec, config: AssignmentConfig) -> _Compiled:
     space = config.bucket_space
-    assignments = tuple(Assignment(exp.key, v.key, v.strategy) for v in exp.variants)
+    assignments = tuple(Assignment(exp.key, v.key, v.strategy, shadow=v.shadow or exp.shadow) for v in exp.variants)
     by_key = {v.key: v for v in exp.variants}
     layer = config.layers[exp.layer] if exp.layer else None
     holdout = config.holdouts[exp.holdout] if exp.holdout else None
@@ -157,7 +163,8 @@ def _compile(exp: ExperimentSpec, config: AssignmentConfig) -> _Compiled:
         traffic_threshold=round(exp.traffic * space),
         bounds=exp.boundaries(space),
         assignments=assignments,
-        forced={u: Assignment(exp.key, k, by_key[k].strategy, forced=True) for u, k in exp.forced.items()},
+        forced={u: Assignment(exp.key, k, by_key[k].strategy, forced=True, shadow=by_key[k].shadow or exp.shadow)
+                for u, k in exp.forced.items()},
         layer_salt=layer.salt if layer else None,
         layer_lo=lo,
         layer_hi=hi,

@@ -34,6 +34,7 @@ class VariantPayload(_Payload):
     weight: float
     strategy: dict[str, Any]
     paused: bool = False
+    shadow: dict[str, Any] | None = None
 
 
 class ExperimentPayload(_Payload):
@@ -49,6 +50,7 @@ class ExperimentPayload(_Payload):
     holdout: str | None = None
     targeting: list[dict[str, Any]] = []
     forced: dict[str, str] = {}
+    shadow: dict[str, Any] | None = None
     variants: list[VariantPayload]
 
 
@@ -79,8 +81,10 @@ def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
                 holdout=e.get("holdout"),
                 targeting=rules_from_stored(e.get("targeting", []), experiment=e["key"]),
                 forced=dict(e.get("forced", {})),
+                shadow=e.get("shadow"),
                 variants=tuple(
-                    VariantSpec(key=v["key"], weight=v["weight"], strategy=v["strategy"], paused=v.get("paused", False))
+                    VariantSpec(key=v["key"], weight=v["weight"], strategy=v["strategy"], paused=v.get("paused", False),
+                                shadow=v.get("shadow"))
                     for v in e["variants"]
                 ),
             )

@@ -42,6 +42,14 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
 
         state.outbox = Outbox(settings.outbox_dir)
         state.with_measures = schema_has_measures()
+    from ablab.platform.gateway.shadow import ShadowRunner
+
+    # Shadows: their own task set, caps, clients and timeouts (platform/gateway/shadow.py).
+    state.shadows = ShadowRunner(backends=settings.backends, default_backend=settings.default_backend,
+                                 templates=settings.templates, compress=compress, record=state.write_events,
+                                 metrics=state.metrics, with_measures=state.with_measures,
+                                 max_inflight=settings.shadow_max_inflight, inflight=state.inflight)
+    state.shadows.open_clients()
     return state
 
 
@@ -53,12 +61,20 @@ def refused_variants(state: GatewayState) -> list[str]:
     if state.sdk is None:
         return []
     out = []
+
+    def check(where: str, strategy: Any) -> None:
+        problems = strategy_problems(strategy, backends=state.settings.backends, templates=state.settings.templates,
+                                     can_compress=state.compress is not None)
+        if problems:
+            out.append(f"{where}: " + "; ".join(problems))
+
     for exp in state.sdk.config.experiments:
         for v in exp.variants:
-            problems = strategy_problems(v.strategy, backends=state.settings.backends, templates=state.settings.templates,
-                                         can_compress=state.compress is not None)
-            if problems:
-                out.append(f"{exp.key}/{v.key}: " + "; ".join(problems))
+            check(f"{exp.key}/{v.key}", v.strategy)
+            if v.shadow:
+                check(f"{exp.key}/{v.key} (shadow)", v.shadow.get("strategy") or {})
+        if getattr(exp, "shadow", None):
+            check(f"{exp.key} (shadow)", exp.shadow.get("strategy") or {})
     return out
 
 
@@ -99,6 +115,8 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
         try:
             yield
         finally:
+            if state.shadows is not None:  # first: a cancelled shadow still writes its event
+                await state.shadows.aclose()
             for client in state.clients.values():
                 await client.aclose()
             if shipper is not None:

@@ -26,6 +26,13 @@ class GatewayMetrics:
         self.inflight = Gauge("ablab_gateway_inflight", "Requests in flight per backend.", ("backend",), registry=r)
         self.events = Counter("ablab_gateway_events", "Events written to the outbox, or refused.", ("result",), registry=r)
         self.tokens = Counter("ablab_gateway_tokens", "Tokens by backend and direction.", ("backend", "direction"), registry=r)
+        # Shadows apart from the requests above: they are not callers' requests.
+        self.shadows = Counter("ablab_gateway_shadows", "Shadow requests by experiment and result: sent (launched), "
+                               "dropped (its concurrency cap was full: never queued), ok, failed (timeout or error).",
+                               ("experiment", "result"), registry=r)
+        self.shadow_failures = Counter("ablab_gateway_shadow_failures", "Failed shadows by experiment and reason.",
+                                       ("experiment", "reason"), registry=r)
+        self.shadow_inflight = Gauge("ablab_gateway_shadow_inflight", "Shadow requests in flight.", ("experiment",), registry=r)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

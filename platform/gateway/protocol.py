@@ -96,6 +96,10 @@ class SseSplitter:
         rest, self._buf = self._buf, b""
         return rest
 
+    def pending(self) -> int:
+        """Bytes held waiting for the end of their event (what a bound on memory watches)."""
+        return len(self._buf)
+
 
 def event_data(event: bytes) -> bytes | None:
     """The ``data`` payload of one SSE event (multi-line data joined), or None (comments,
@@ -163,6 +167,37 @@ def view_chunk(chunk: Any) -> ChunkView:
             finish = choice.get("finish_reason") or finish
     usage_only = usage is not None and not choices
     return ChunkView(generated, chars, usage_only, usage, finish, error=chunk.get("error"))
+
+
+def chunk_text(chunk: Any) -> str:
+    """The generated text (content, else reasoning; or completion text) of one stream chunk."""
+    out = []
+    choices = chunk.get("choices") if isinstance(chunk, dict) else None
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        delta = choice.get("delta")
+        if isinstance(delta, dict):
+            value = delta.get("content")
+            if isinstance(value, str):
+                out.append(value)
+        elif isinstance(choice.get("text"), str):
+            out.append(choice["text"])
+    return "".join(out)
+
+
+def response_text(body: Any) -> str:
+    """The answer's text of a non-streaming response (the first choice's message or text)."""
+    choices = body.get("choices") if isinstance(body, dict) else None
+    for choice in choices if isinstance(choices, list) else ():
+        if not isinstance(choice, dict):
+            continue
+        msg = choice.get("message")
+        if isinstance(msg, dict) and isinstance(msg.get("content"), str):
+            return msg["content"]
+        if isinstance(choice.get("text"), str):
+            return choice["text"]
+    return ""
 
 
 def message_text(body: dict[str, Any]) -> str:

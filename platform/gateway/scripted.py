@@ -6,8 +6,10 @@ request, so what they measure is the proxy.
 Scripts (``model``): ``ok`` (role-only first chunk, content, usage chunk ``choices: []`` when
 asked), ``usage-null`` (usage chunk with ``choices: null``), ``no-usage``, ``tools``,
 ``reasoning``, ``garbage`` (a non-JSON chunk mid-stream), ``http429``, ``http500``,
-``slow`` (a chunk every 20 ms), ``die`` (the connection drops mid-stream), ``bad-json``
-(non-streaming 200 with a non-JSON body). Anything else behaves as ``ok``.
+``slow`` (a chunk every 20 ms), ``sleep-<ms>`` (a chunk every <ms> ms; a whole answer after
+tokens × <ms>), ``hang`` (accepts the request and never answers), ``flood`` (one SSE event that never ends:
+4 MiB without a separator), ``die`` (the connection drops
+mid-stream), ``bad-json`` (non-streaming 200 with a non-JSON body). Anything else behaves as ``ok``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,18 @@ from collections import deque
 from typing import Any
 
 WORDS = ("Hello", " there", ",", " this", " is", " a", " scripted", " answer", ".")
+
+
+def _delay(script: str) -> float:
+    """Seconds between chunks of a ``slow`` or ``sleep-<ms>`` script (0: at once)."""
+    if script == "slow":
+        return 0.02
+    if script.startswith("sleep-"):
+        try:
+            return max(0.0, float(script[6:]) / 1000.0)
+        except ValueError:
+            return 0.0
+    return 0.0
 
 
 def _chunk(obj: dict[str, Any]) -> bytes:
@@ -118,6 +132,11 @@ class ScriptedBackend:
         body = json.loads(raw) if raw else {}
         self.requests.append((headers, body))
         script = body.get("model", "ok")
+        script = script if isinstance(script, str) else "ok"
+        if script == "hang":
+            await asyncio.sleep(3600)  # until the backend stops (its tasks are cancelled)
+            return False
+        delay = _delay(script)
         if script in ("http429", "http500"):
             status = int(script[4:])
             self._send(w, status, json.dumps({"error": {"message": f"scripted {status}", "type": "server_error"}}).encode())
@@ -128,6 +147,8 @@ class ScriptedBackend:
             if script == "bad-json":
                 self._send(w, 200, b"<html>not json</html>", ctype="text/html")
                 return True
+            if delay:
+                await asyncio.sleep(delay * self.tokens)
             text = "".join(WORDS[i % len(WORDS)] for i in range(self.tokens))
             choice = ({"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"} if chat
                       else {"index": 0, "text": text, "finish_reason": "stop"})
@@ -141,14 +162,14 @@ class ScriptedBackend:
         try:
             for piece in self._script(script, chat, rid, include_usage):
                 if piece is None:
-                    await asyncio.sleep(0.02)
+                    await asyncio.sleep(delay)
                     continue
                 if piece == b"DIE":
                     await w.drain()
                     w.transport.abort()
                     return False
                 w.write(b"%x\r\n%s\r\n" % (len(piece), piece))
-                if script == "slow":
+                if delay:
                     await w.drain()
             w.write(b"0\r\n\r\n")
             await w.drain()
@@ -166,7 +187,14 @@ class ScriptedBackend:
 
         if chat:
             yield delta({"role": "assistant", "content": ""})
+        if script == "flood":
+            yield b"data: {\"x\":\""
+            for _ in range(64):
+                yield b"x" * 65536
+            return
         for i in range(self.tokens):
+            if script.startswith("sleep-"):
+                yield None  # before each chunk: the first one too (TTFT = one delay)
             if script == "tools":
                 call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": ""}} if i == 0 \
                     else {"index": 0, "function": {"arguments": '{"q":1}'[i % 7:i % 7 + 1] or "}"}}

@@ -31,6 +31,7 @@ from ablab.platform.gateway.metering import Measurement, exposure_event, inferen
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
 from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
+from ablab.platform.gateway.shadow import SHADOW_STATUS, ShadowJob, ShadowRunner, ShadowSpec, inference_fields, spec_of
 from ablab.platform.gateway.stream import StreamMeter
 from ablab.platform.gateway.translators import translator_for
 from ablab.platform.gateway.upstream import UpstreamPool
@@ -50,6 +51,7 @@ class Plan:
     strategy: Mapping[str, Any]
     strategy_id: str
     problems: tuple[str, ...]
+    shadows: tuple[tuple[str, str, ShadowSpec], ...] = ()  # (experiment, variant, its shadow)
 
 
 NO_PLAN = Plan((), {}, "default", ())
@@ -62,6 +64,7 @@ class GatewayState:
     metrics: GatewayMetrics
     sdk: Any = None  # AblabClient
     outbox: Any = None  # emit.Outbox
+    shadows: ShadowRunner | None = None
     tracer: Any = None
     with_measures: bool = False
     # The prompt compressor (text, tau, window) -> text; the in-repo model's, given by
@@ -86,7 +89,8 @@ class GatewayState:
                     merged.setdefault(k, v)
             problems = tuple(strategy_problems(merged, backends=self.settings.backends, templates=self.settings.templates,
                                                can_compress=self.compress is not None))
-            plan = Plan(key[1], merged, strategy_id(merged), problems)
+            shadows = tuple((a.experiment, a.variant, spec) for a in found if (spec := spec_of(a.shadow)) is not None)
+            plan = Plan(key[1], merged, strategy_id(merged), problems, shadows)
             if len(self.plans) > 4096:
                 self.plans.clear()
             self.plans[key] = plan
@@ -98,6 +102,17 @@ class GatewayState:
 
     def compressor(self) -> Callable[[str, float, int], str] | None:
         return self.compress
+
+    def write_events(self, events: list[dict[str, Any]]) -> None:
+        """Validate and append events to the outbox, counting what was written and refused."""
+        if not events or self.outbox is None:
+            return
+        before = self.outbox.refused
+        self.outbox.write(events)
+        refused = self.outbox.refused - before
+        self.metrics.events.labels("written").inc(len(events) - refused)
+        if refused:
+            self.metrics.events.labels("refused").inc(refused)
 
 
 def _attributes(headers: Mapping[str, str]) -> dict[str, str] | None:
@@ -142,6 +157,7 @@ class OpenAIServing:
         stream = body.get("stream") is True
         call = _Call(self, plan=plan, unit=unit or "", trace_id=trace_id, ts=ts, start=start, backend=backend,
                      body=body, model=None)
+        call.authorization = headers.get("authorization")
         if plan.problems:
             call.finish(error="strategy_unsupported")
             msg = "this request's variant cannot be served: " + "; ".join(plan.problems)
@@ -169,6 +185,9 @@ class OpenAIServing:
             up_headers["authorization"] = auth  # a pass-through key meant for the backend
         client = st.clients[backend.name].client()
         req = client.build_request("POST", backend.url + self.endpoint, content=content, headers=up_headers)
+        if plan.shadows and st.shadows is not None and st.settings.shadow_launch == "beside":
+            call.decide_shadows()
+            call.launch_shadows()
         call.enter()
         try:
             resp = await client.send(req, stream=True)
@@ -298,7 +317,7 @@ class _Call:
     """One request's bookkeeping: in-flight count, span, metrics, and its events."""
 
     __slots__ = ("serving", "plan", "unit", "trace_id", "ts", "start", "backend", "body", "model", "span",
-                 "_inflight_at_start", "_entered", "_done")
+                 "_inflight_at_start", "_entered", "_done", "authorization", "shadow_status", "_shadow_jobs")
 
     def __init__(self, serving: OpenAIServing, *, plan: Plan, unit: str, trace_id: str, ts: datetime, start: float,
                  backend: Backend, body: dict[str, Any], model: str | None) -> None:
@@ -308,6 +327,35 @@ class _Call:
         self._inflight_at_start = 1
         self._entered = False
         self._done = False
+        self.authorization: str | None = None
+        self.shadow_status: dict[str, str] | None = None  # experiment → "sent" | "dropped", once decided
+        self._shadow_jobs: list[tuple[ShadowJob, Any]] = []
+
+    def decide_shadows(self) -> None:
+        """For each experiment with a shadow: chosen for this trace? a free slot? (no waiting)."""
+        runner = self.serving.state.shadows
+        self.shadow_status = {}
+        if runner is None:
+            return
+        unit_id = event_unit_id(self.unit)
+        for experiment, variant, spec in self.plan.shadows:
+            status, slot = runner.decide(self.trace_id, experiment, spec)
+            if status is not None:
+                self.shadow_status[experiment] = status
+            if slot is not None:
+                job = ShadowJob(spec=spec, experiment=experiment, variant=variant, unit_id=unit_id,
+                                primary_trace=self.trace_id, body=self.body, chat=self.serving.chat,
+                                endpoint=self.serving.endpoint, authorization=self.authorization)
+                self._shadow_jobs.append((job, slot))
+
+    def launch_shadows(self) -> None:
+        runner = self.serving.state.shadows
+        jobs, self._shadow_jobs = self._shadow_jobs, []
+        for job, slot in jobs:
+            if runner is None:
+                slot.release()
+            else:
+                runner.launch(job, slot)
 
     def enter(self) -> None:
         st = self.serving.state
@@ -332,6 +380,8 @@ class _Call:
             return
         self._done = True
         st = self.serving.state
+        if self._entered and self.plan.shadows and self.shadow_status is None:
+            self.decide_shadows()  # "after": the primary's backend has sent its last byte (or failed)
         end = end if end is not None else time.perf_counter()
         name = self.backend.name
         concurrency = 1.0
@@ -355,22 +405,22 @@ class _Call:
         events: list[dict[str, Any]] = []
         first_event = None
         unit_id = event_unit_id(self.unit) if self.plan.assignments else ""
+        statuses = self.shadow_status if self.shadow_status and SHADOW_STATUS in inference_fields() else None
         for experiment, variant in self.plan.assignments:
             common = {"ts": self.ts, "trace_id": self.trace_id, "experiment": experiment, "variant": variant, "unit_id": unit_id}
             events.append(exposure_event(**common))
             ev = inference_event(m, **common, strategy=self.plan.strategy_id, backend=self.backend,
                                  model=self.model, with_measures=st.with_measures)
+            if statuses and experiment in statuses:
+                ev[SHADOW_STATUS] = statuses[experiment]
             events.append(ev)
             first_event = first_event or ev
         if first_event is not None:
             st.metrics.tokens.labels(name, "input").inc(first_event["prompt_tokens"])
             st.metrics.tokens.labels(name, "output").inc(first_event["output_tokens"])
-        if events and st.outbox is not None:
-            before = st.outbox.refused
-            st.outbox.write(events)
-            st.metrics.events.labels("written").inc(len(events) - (st.outbox.refused - before))
-            if st.outbox.refused != before:
-                st.metrics.events.labels("refused").inc(st.outbox.refused - before)
+        st.write_events(events)
+        if self._shadow_jobs:
+            self.launch_shadows()  # after the primary's events: a shadow never delays them
         exp = ",".join(e for e, _ in self.plan.assignments) or None
         var = ",".join(v for _, v in self.plan.assignments) or None
         end_span(self.span, first_event, error=error, experiment=exp, variant=var)

@@ -71,6 +71,11 @@ class GatewaySettings:
     # SHA-256 hex of the token /metrics asks for; None: public. The digest, not the token, so
     # the settings can be printed or logged and the comparison takes fixed-length inputs.
     metrics_token_sha256: str | None = field(default=None, repr=False)
+    # Shadows (docs/gateway.md): when one starts ("after": once the primary's last byte came
+    # from its backend; "beside": with the primary), and how many may run at once in all
+    # (each experiment's own cap applies too; one more is dropped, never queued).
+    shadow_launch: str = "after"
+    shadow_max_inflight: int = 64
 
     def backend(self, name: str | None) -> Backend:
         key = name or self.default_backend
@@ -95,6 +100,28 @@ def _metrics_token(env: dict[str, str]) -> str | None:
                                  "`python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or unset for a "
                                  "public /metrics")
     return token_digest(token)
+
+
+SHADOW_LAUNCH_ENV = "ABLAB_GATEWAY_SHADOW_LAUNCH"
+SHADOW_MAX_INFLIGHT_ENV = "ABLAB_GATEWAY_SHADOW_MAX_INFLIGHT"
+SHADOW_LAUNCHES = ("after", "beside")
+
+
+def _shadow_settings(env: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if (launch := env.get(SHADOW_LAUNCH_ENV)) is not None:
+        if launch not in SHADOW_LAUNCHES:
+            raise GatewayConfigError(f"{SHADOW_LAUNCH_ENV}: one of {list(SHADOW_LAUNCHES)}, got {launch!r}")
+        out["shadow_launch"] = launch
+    if (raw := env.get(SHADOW_MAX_INFLIGHT_ENV)) is not None:
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if not 1 <= n <= 65536:
+            raise GatewayConfigError(f"{SHADOW_MAX_INFLIGHT_ENV}: an integer in 1..65536, got {raw!r}")
+        out["shadow_max_inflight"] = n
+    return out
 
 
 def _backend(name: str, raw: Any) -> Backend:
@@ -173,6 +200,6 @@ def load_settings(*, config_file: Path | None = None, env: dict[str, str] | None
             "or pass --config gateway.yaml"
         )
     values: dict[str, Any] = {"backends": backends, "default_backend": default, "templates": templates,
-                              "metrics_token_sha256": _metrics_token(env)}
+                              "metrics_token_sha256": _metrics_token(env), **_shadow_settings(env)}
     values.update({k: v for k, v in overrides.items() if v is not None})
     return GatewaySettings(**values)

@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from ablab.platform.gateway.protocol import DONE, SseSplitter, event_data, view_chunk
+from ablab.platform.gateway.protocol import DONE, SseSplitter, chunk_text, event_data, view_chunk
 from ablab.platform.gateway.translators import Translator
 
 
@@ -36,13 +36,26 @@ class StreamStats:
 
 
 class StreamMeter:
-    __slots__ = ("_split", "_strip_usage", "_translator", "stats")
+    """``text_limit`` > 0 also keeps the answer's text, up to that many characters (a shadow's,
+    for graders; the primary's bytes are relayed, never kept)."""
 
-    def __init__(self, *, translator: Translator, strip_usage: bool) -> None:
+    __slots__ = ("_split", "_strip_usage", "_translator", "stats", "_text", "_text_left")
+
+    def __init__(self, *, translator: Translator, strip_usage: bool, text_limit: int = 0) -> None:
         self._split = SseSplitter()
         self._strip_usage = strip_usage
         self._translator = translator
         self.stats = StreamStats()
+        self._text: list[str] = []
+        self._text_left = text_limit
+
+    @property
+    def pending(self) -> int:
+        """Bytes of an event not yet complete (held in memory)."""
+        return self._split.pending()
+
+    def text(self) -> str:
+        return "".join(self._text)
 
     def feed(self, data: bytes, now: float) -> bytes:
         events = self._split.feed(data)
@@ -93,6 +106,10 @@ class StreamMeter:
             s.last_token_at = now
             s.generated_chunks += 1
             s.generated_chars += view.text_chars
+            if self._text_left > 0 and (piece := chunk_text(chunk)):
+                piece = piece[:self._text_left]
+                self._text.append(piece)
+                self._text_left -= len(piece)
         if view.finish_reason:
             s.finish_reason = view.finish_reason
         if view.usage is not None:

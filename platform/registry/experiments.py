@@ -20,6 +20,7 @@ from ablab.platform.registry.schemas import (
     Status,
     VariantIn,
     VariantOut,
+    shadow_out,
 )
 
 # Lifecycle: action → (allowed source states, target state).
@@ -56,6 +57,7 @@ def to_read(exp: Experiment) -> ExperimentRead:
                 strategy_hash=v.strategy_hash,
                 paused=v.paused,
                 paused_reason=v.paused_reason,
+                shadow=shadow_out(v.shadow),
             )
             for v in exp.variants
         ],
@@ -63,6 +65,7 @@ def to_read(exp: Experiment) -> ExperimentRead:
         guardrails=exp.guardrails,
         targeting=exp.targeting,
         forced=exp.forced,
+        shadow=shadow_out(exp.shadow),
         version=exp.version,
         created_at=aware(exp.created_at),
         updated_at=aware(exp.updated_at),
@@ -80,6 +83,7 @@ def _variants(items: list[VariantIn]) -> list[Variant]:
             weight=v.weight,
             strategy=v.strategy.model_dump(mode="json"),
             strategy_hash=v.strategy.content_hash,
+            shadow=v.shadow.stored() if v.shadow is not None else None,
         )
         for i, v in enumerate(items)
     ]
@@ -155,7 +159,7 @@ def list_experiments(
 def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, bucket_space: int) -> Experiment:
     if session.scalar(select(Experiment.id).where(Experiment.key == data.key)) is not None:
         raise Conflict(f"experiment '{data.key}' already exists", field="key")
-    check_strategies(session, data.variants)
+    check_strategies(session, data.variants, shadow=data.shadow)
     layer = holdout = None
     lo = hi = None
     if data.layer is not None:
@@ -186,6 +190,7 @@ def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, b
         forced=dict(data.forced),
         metrics=data.metrics.model_dump(mode="json"),
         guardrails=[g.model_dump(mode="json") for g in data.guardrails],
+        shadow=data.shadow.stored() if data.shadow is not None else None,
         variants=_variants(data.variants),
     )
     session.add(exp)
@@ -219,11 +224,18 @@ def update_experiment(
         raise Invalid("the update changes nothing; send at least one field", field="body")
 
     control = data.control if data.control is not None else exp.control
-    check_strategies(session, data.variants)
+    check_strategies(session, data.variants, shadow=data.shadow)
     if data.variants is not None:
         current = [(v.key, v.weight, v.strategy_hash) for v in exp.variants]
         proposed = [(v.key, v.weight, v.strategy.content_hash) for v in data.variants]
-        if current != proposed:
+        if current == proposed:
+            # The same variants: a shadow may change without a new phase (it moves no unit).
+            for row, given in zip(exp.variants, data.variants):
+                shadow = given.shadow.stored() if given.shadow is not None else None
+                if row.shadow != shadow:
+                    row.shadow = shadow
+                    exp.updated_at = utcnow()  # a variant row changed: the experiment's version moves too
+        else:
             if not data.new_phase:
                 raise Conflict(
                     "changing variants or weights reshuffles units between variants; "
@@ -261,6 +273,8 @@ def update_experiment(
         exp.metrics = data.metrics.model_dump(mode="json")
     if data.guardrails is not None:
         exp.guardrails = [g.model_dump(mode="json") for g in data.guardrails]
+    if "shadow" in fields:  # null removes it
+        exp.shadow = data.shadow.stored() if data.shadow is not None else None
     _flush_versioned(session, exp)
     action = "update+new_phase" if data.new_phase and exp.phase != before["phase"] else "update"
     record_audit(session, actor=actor, action=action, entity_type="experiment", entity_key=key, before=before, after=_snapshot(exp))

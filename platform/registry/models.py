@@ -74,6 +74,8 @@ class Experiment(Base):
     stopped_at: Mapped[datetime | None] = mapped_column(nullable=True)
     # Archived experiments are read-only, out of the SDK config and of the default list.
     archived_at: Mapped[datetime | None] = mapped_column(nullable=True)
+    # Shadow traffic for every variant ({strategy, fraction, max_concurrency, timeout_s}); null: none.
+    shadow: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     layer: Mapped[Layer | None] = relationship(lazy="joined")
     holdout: Mapped[Holdout | None] = relationship(lazy="joined")
@@ -102,6 +104,8 @@ class Variant(Base):
     strategy_hash: Mapped[str] = mapped_column(String(32))
     paused: Mapped[bool] = mapped_column(Boolean, default=False)
     paused_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # This variant's own shadow (replaces the experiment's); null: the experiment's, if any.
+    shadow: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
     experiment: Mapped[Experiment] = relationship(back_populates="variants")
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 
 from ablab.platform.assignment.targeting import MAX_ATTRIBUTE_NAME_CHARS, MAX_PATTERN_CHARS, Condition, Op
 from ablab.platform.strategy import OpenStrategy
@@ -41,10 +41,52 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+MAX_SHADOW_CONCURRENCY = 1024
+MAX_SHADOW_TIMEOUT_S = 600.0
+
+
+class ShadowIn(_Strict):
+    """Shadow traffic: for ``fraction`` of the requests (chosen by their trace id), the
+    gateway and the SDK's instrumented client also send the caller's request rewritten by
+    ``strategy`` and record what it did; its answer is never returned. At most
+    ``max_concurrency`` run at once (more are dropped and counted, never queued), each within
+    ``timeout_s``."""
+
+    strategy: OpenStrategy = Field(default=OpenStrategy(), description="A whole strategy, as a variant's, applied "
+                                   "to the caller's own request (not on top of the variant's).")
+    fraction: Annotated[float, Strict()] = Field(ge=0, le=1, description="Share of the requests shadowed, in [0, 1].")
+    max_concurrency: Annotated[int, Strict()] = Field(
+        default=8, ge=1, le=MAX_SHADOW_CONCURRENCY, description="Shadows in flight at once; one more is dropped.")
+    timeout_s: Annotated[float, Strict()] = Field(
+        default=30.0, gt=0, le=MAX_SHADOW_TIMEOUT_S, description="Each shadow's whole time budget, in seconds.")
+
+    def stored(self) -> dict[str, Any]:
+        return {"strategy": self.strategy.model_dump(mode="json"), "fraction": self.fraction,
+                "max_concurrency": self.max_concurrency, "timeout_s": self.timeout_s}
+
+
+class ShadowOut(BaseModel):
+    strategy: dict[str, Any]
+    strategy_hash: str
+    fraction: float
+    max_concurrency: int
+    timeout_s: float
+
+
+def shadow_out(stored: dict[str, Any] | None) -> ShadowOut | None:
+    if not stored:
+        return None
+    from ablab.platform.strategy import content_hash
+
+    return ShadowOut(strategy=stored["strategy"], strategy_hash=content_hash(stored["strategy"]),
+                     fraction=stored["fraction"], max_concurrency=stored["max_concurrency"], timeout_s=stored["timeout_s"])
+
+
 class VariantIn(_Strict):
     key: str = Field(pattern=KEY_PATTERN)
     weight: float = Field(gt=0, le=1_000_000)
     strategy: OpenStrategy = OpenStrategy()
+    shadow: ShadowIn | None = Field(default=None, description="This variant's own shadow (replaces the experiment's).")
 
 
 class VariantOut(BaseModel):
@@ -54,6 +96,7 @@ class VariantOut(BaseModel):
     strategy_hash: str
     paused: bool = False
     paused_reason: str | None = None
+    shadow: ShadowOut | None = None
 
 
 class TargetingRule(_Strict):
@@ -171,6 +214,7 @@ class ExperimentCreate(_Strict):
     guardrails: list[Guardrail] = Field(default_factory=list)
     targeting: list[TargetingRule] = Field(default_factory=list, max_length=MAX_RULES)
     forced: dict[str, str] = Field(default_factory=dict, description="unit id → variant key, for test units.")
+    shadow: ShadowIn | None = Field(default=None, description="Shadow traffic for every variant (one may set its own).")
 
     @model_validator(mode="after")
     def _coherent(self) -> "ExperimentCreate":
@@ -199,6 +243,7 @@ class ExperimentUpdate(_Strict):
     guardrails: list[Guardrail] | None = None
     targeting: list[TargetingRule] | None = Field(default=None, max_length=MAX_RULES)
     forced: dict[str, str] | None = None
+    shadow: ShadowIn | None = Field(default=None, description="null removes the experiment's shadow.")
     new_phase: bool = Field(default=False, description="Reshuffle units: required to change weights or variants.")
 
     @field_validator("variants")
@@ -227,6 +272,7 @@ class ExperimentRead(BaseModel):
     guardrails: list[dict[str, Any]]
     targeting: list[dict[str, Any]]
     forced: dict[str, str]
+    shadow: ShadowOut | None = None
     version: int
     created_at: datetime
     updated_at: datetime

@@ -41,8 +41,11 @@ def sdk_config(session: Session, *, bucket_space: int) -> dict[str, Any]:
                 "holdout": e.holdout.key if e.holdout else None,
                 "targeting": e.targeting,
                 "forced": e.forced,
+                **({"shadow": e.shadow} if e.shadow else {}),
                 "variants": [
-                    {"key": v.key, "weight": v.weight, "strategy": v.strategy, "paused": v.paused} for v in e.variants
+                    {"key": v.key, "weight": v.weight, "strategy": v.strategy, "paused": v.paused,
+                     **({"shadow": v.shadow} if v.shadow else {})}
+                    for v in e.variants
                 ],
             }
             for e in experiments

@@ -71,6 +71,9 @@ class Call:
         self._ts = datetime.now(UTC)
         self._token: contextvars.Token | None = None
         self.emitted: list[dict[str, Any]] = []
+        # Shadows (the openai wrapper sets it): ``decide(call)`` → {experiment: "sent"|"dropped"}
+        # just before the events are built, ``launch()`` just after they are emitted.
+        self.shadows: Any = None
 
     # -- measurements -------------------------------------------------------------------
 
@@ -120,15 +123,24 @@ class Call:
                         itl_max_s=self._itl_max, error=self.error, server_metrics=self._server or None)
         sid = strategy_id(self.strategy)
         from ablab.platform.gateway.emit import event_unit_id, schema_has_measures
+        from ablab.platform.gateway.shadow import SHADOW_STATUS, inference_fields
 
+        statuses = self.shadows.decide(self) if self.shadows is not None else {}
+        if SHADOW_STATUS not in inference_fields():
+            statuses = {}
         unit = event_unit_id(self.unit_id)
         for a in self.assignments:
             common = {"ts": self._ts, "trace_id": self.trace_id, "experiment": a.experiment, "variant": a.variant, "unit_id": unit}
             self.emitted.append(exposure_event(**common))
-            self.emitted.append(inference_event(m, **common, strategy=sid, backend=self._backend, model=self.model,
-                                                with_measures=schema_has_measures()))
+            event = inference_event(m, **common, strategy=sid, backend=self._backend, model=self.model,
+                                    with_measures=schema_has_measures())
+            if a.experiment in statuses:
+                event[SHADOW_STATUS] = statuses[a.experiment]
+            self.emitted.append(event)
         for event in self.emitted:
             self._client.sink.emit(event)
+        if self.shadows is not None:
+            self.shadows.launch()
         return self.emitted
 
     def __enter__(self) -> "Call":

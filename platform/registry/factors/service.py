@@ -88,8 +88,8 @@ def update_factor(session: Session, *, name: str, data: FactorUpdate, actor: str
     current.declared[name] = wanted
     broken = []
     for exp in session.scalars(select(Experiment).where(Experiment.status != "stopped")):
-        for v in exp.variants:
-            broken += [f"{exp.key}/{v.key}: {why}" for factor, why in current.problems(open_strategy(v.strategy)) if factor == name]
+        for label, strategy in _strategies(exp):
+            broken += [f"{label}: {why}" for factor, why in current.problems(open_strategy(strategy)) if factor == name]
     if broken:
         raise Conflict(f"live experiments set levels the new definition of '{name}' refuses: " + "; ".join(broken[:5])
                        + ("; ..." if len(broken) > 5 else "") + ". Change or stop them first", field="name")
@@ -101,9 +101,21 @@ def update_factor(session: Session, *, name: str, data: FactorUpdate, actor: str
 
 def experiments_setting(session: Session, name: str) -> list[str]:
     """Keys of every experiment, whatever its status and archived or not, one of whose
-    variants sets the factor ``name``."""
+    variants (or shadows) sets the factor ``name``."""
     return [exp.key for exp in session.scalars(select(Experiment).order_by(Experiment.key))
-            if any(sets_factor(v.strategy, name) for v in exp.variants)]
+            if any(sets_factor(strategy, name) for _, strategy in _strategies(exp))]
+
+
+def _strategies(exp: Experiment) -> list[tuple[str, dict[str, Any]]]:
+    """Every strategy an experiment serves or shadows, each with a label naming where it is."""
+    out = []
+    for v in exp.variants:
+        out.append((f"{exp.key}/{v.key}", v.strategy))
+        if v.shadow:
+            out.append((f"{exp.key}/{v.key} (shadow)", v.shadow["strategy"]))
+    if exp.shadow:
+        out.append((f"{exp.key} (shadow)", exp.shadow["strategy"]))
+    return out
 
 
 def delete_factor(session: Session, *, name: str, actor: str) -> None:
@@ -140,22 +152,30 @@ def delete_factor(session: Session, *, name: str, actor: str) -> None:
     _audit(session, actor=actor, action="delete", name=name, before=before, after=None)
 
 
-def check_strategies(session: Session, variants: Sequence[Any] | None) -> None:
+def check_strategies(session: Session, variants: Sequence[Any] | None, *, shadow: Any = None) -> None:
     """Refuse a write whose strategies set an undeclared factor or a level not allowed.
 
     ``variants`` are ``VariantIn``; the error names the variant's field (``variants.1.strategy.engine``).
+    Shadow strategies (the experiment's ``shadow``, a ``ShadowIn``, and each variant's) are
+    checked by the same rules (``shadow.strategy.engine``, ``variants.1.shadow.strategy.engine``).
     """
-    if not variants:
+    checks: list[tuple[str, OpenStrategy]] = []
+    for i, v in enumerate(variants or ()):
+        checks.append((f"variants.{i}.strategy", v.strategy))
+        if getattr(v, "shadow", None) is not None:
+            checks.append((f"variants.{i}.shadow.strategy", v.shadow.strategy))
+    if shadow is not None:
+        checks.append(("shadow.strategy", shadow.strategy))
+    if not checks:
         return
     # FOR SHARE until the write commits, so a concurrent delete_factor cannot remove a
     # factor these strategies were just checked against (it waits for this commit).
     rows = session.scalars(select(DeclaredFactor).with_for_update(read=True))
     factors = FactorCatalog(_definition(r) for r in rows)
-    for i, v in enumerate(variants):
-        strategy: OpenStrategy = v.strategy
+    for where, strategy in checks:
         problems = factors.problems(strategy)
         if problems:
-            field = f"variants.{i}.strategy.{problems[0][0]}"
+            field = f"{where}.{problems[0][0]}"
             raise Invalid(f"{field}: " + "; ".join(message for _, message in problems), field=field)
 
 

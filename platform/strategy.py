@@ -5,7 +5,10 @@ Three kinds of factor, one object:
 - **built-in** factors, the in-repo runtime's (:class:`Strategy`; ``ablab.inference``
   registers a component per factor). Unknown nested fields are refused with their name.
 - **gateway** factors (:class:`OpenStrategy`): ``backend``, ``model``, ``params`` (request
-  body overrides such as ``temperature``) and ``system_prompt``, read by the gateway.
+  body overrides such as ``temperature``) and ``system_prompt``, read by the gateway, and the
+  prompt strategies ``dialogue_state``, ``prompt_split`` and ``context_prune``
+  (:class:`DialogueState`, :class:`PromptSplit`, :class:`ContextPrune`; the gateway's
+  ``prompting`` package applies them to any OpenAI-compatible backend).
 - **declared** factors: any other top-level key, allowed only when a deployment declared
   it (``POST /v1/factors``). Validating with ``context={"factors": catalog}`` refuses an
   undeclared factor by name and a bad value with what is allowed; without a catalog only
@@ -26,9 +29,11 @@ import math
 import re
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import Any, Literal, Protocol
+from typing import Annotated, Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator, model_serializer, model_validator
+import re2
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator, model_serializer,
+                      model_validator)
 
 STRATEGY_SCHEMA_VERSION = 1
 
@@ -148,10 +153,13 @@ FACTOR_NAMES: tuple[str, ...] = tuple(Strategy().factors())
 
 # ---------------------------------------------------------------- open strategies
 
-GATEWAY_FACTORS: tuple[str, ...] = ("backend", "model", "params", "system_prompt")
+GATEWAY_FACTORS: tuple[str, ...] = ("backend", "model", "params", "system_prompt", "dialogue_state", "prompt_split",
+                                    "context_prune")
 """Factors the OpenAI-compatible gateway reads: which backend and model serve, request
-body overrides, and the system prompt placed before the caller's messages."""
+body overrides, the system prompt placed before the caller's messages, and the prompt
+strategies (dialogue-state slots, the latency-aware hard/soft split, entropy pruning)."""
 
+PROMPT_STRATEGY_FACTORS: tuple[str, ...] = ("dialogue_state", "prompt_split", "context_prune")
 DECLARED_NAME = r"^[a-z][a-z0-9_]{0,63}$"
 PARAM_KEY = r"^[A-Za-z_][A-Za-z0-9_\-]{0,63}$"
 MAX_PARAMS = 64
@@ -203,6 +211,101 @@ def json_level(value: Any, where: str, *, lists: bool) -> Any:
     raise ValueError(f"{where}: expected {allowed}, got {type(value).__name__}")
 
 
+# ---------------------------------------------------------------- prompt strategies (gateway)
+
+SLOT_NAME = r"^[a-z][a-z0-9_]{0,31}$"
+MAX_SLOTS = 32
+MAX_SLOT_PATTERN = 256  # characters, as for targeting regexes
+_SLOT_RE2_MAX_MEM = 1 << 20  # bytes RE2 may use for one compiled slot pattern
+DEFAULT_DELIMITER = "<<<soft>>>"
+DEFAULT_STATE_HEADER = "Known facts from earlier in this conversation:"
+
+
+def compile_slot_pattern(pattern: str) -> Any:
+    """The RE2 program of a dialogue-state slot pattern; ValueError says why RE2 refuses it.
+    A pattern has at most one capture group: the slot's value (else the whole match)."""
+    options = re2.Options()
+    options.log_errors = False
+    options.max_mem = _SLOT_RE2_MAX_MEM
+    try:
+        program = re2.compile(pattern, options)
+    except re2.error as exc:
+        reason = exc.args[0].decode(errors="replace") if exc.args and isinstance(exc.args[0], bytes) else str(exc)
+        raise ValueError(f"RE2 refuses {pattern!r} ({reason}); slot patterns run in linear time, so backreferences "
+                         "(\\1) and lookaround ((?=, (?!, (?<=, (?<!) are not supported") from exc
+    if program.groups > 1:
+        raise ValueError(f"{pattern!r} has {program.groups} capture groups; at most one (the slot's value) is allowed: "
+                         "write the others as (?:...)")
+    return program
+
+
+def _slot_pattern(pattern: str) -> str:
+    compile_slot_pattern(pattern)
+    return pattern
+
+
+def _no_none(handler: Any, model: BaseModel) -> dict[str, Any]:
+    return {k: v for k, v in handler(model).items() if v is not None}
+
+
+class DialogueState(_Frozen):
+    """``dialogue_state``: the conversation's history is replaced by explicit slots (each
+    extracted by its RE2 pattern from the turns in order; a slot changes only when a later turn
+    sets it), rendered into a system message, plus the last turn."""
+
+    slots: dict[Annotated[str, Field(pattern=SLOT_NAME)],
+                Annotated[str, Field(min_length=1, max_length=MAX_SLOT_PATTERN), AfterValidator(_slot_pattern)]] = Field(
+        min_length=1, max_length=MAX_SLOTS,
+        description="Slot name -> RE2 pattern; its one capture group (else the whole match) is the slot's value.")
+    roles: tuple[Literal["user", "assistant"], ...] = Field(
+        default=("user",), min_length=1, max_length=2, description="Whose turns set slots.")
+    header: str = Field(default=DEFAULT_STATE_HEADER, min_length=1, max_length=512,
+                        description="First line of the system message that carries the slots.")
+
+
+class PromptSplit(_Frozen):
+    """``prompt_split``: in each message, the text before ``delimiter`` is hard (always kept) and
+    the text after it soft; the soft text is cut to the tokens the latency budget allows at the
+    backend's prefill rate (``prefill_tps`` when declared, else the gateway's measured one)."""
+
+    prefill_tps: float | None = Field(
+        default=None, gt=0.0, le=10_000_000.0,
+        description="Declared prefill rate (prompt tokens/s); unset: measured from the gateway's own requests.")
+    latency_budget_ms: float = Field(gt=0.0, le=600_000.0, description="Prefill time the whole prompt may take.")
+    delimiter: str = Field(default=DEFAULT_DELIMITER, min_length=1, max_length=64,
+                           description="Marks where a message's hard prefix ends and its soft rest begins.")
+    keep: Literal["end", "start"] = Field(default="end", description="Which soft text survives a cut: the latest or the earliest.")
+
+    @field_validator("latency_budget_ms")
+    @classmethod
+    def _leaves_a_hard_prefix(cls, ms: float, info: ValidationInfo) -> float:
+        tps = info.data.get("prefill_tps")
+        if tps is not None and math.floor(tps * ms / 1000.0) < 1:
+            raise ValueError(f"{ms:g} ms at prefill_tps={tps:g} is {tps * ms / 1000.0:.3g} tokens: a budget that leaves "
+                             "no token for the hard prefix")
+        return ms
+
+    @field_validator("delimiter")
+    @classmethod
+    def _visible(cls, delimiter: str) -> str:
+        if not delimiter.strip():
+            raise ValueError("the delimiter must hold a visible character (whitespace alone marks nothing)")
+        return delimiter
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler: Any) -> dict[str, Any]:
+        return _no_none(handler, self)
+
+
+class ContextPrune(_Frozen):
+    """``context_prune``: token-entropy pruning with the backend's own tokenizer and token
+    probabilities where it offers them, else the in-repo scorer (the event says which)."""
+
+    window: int = Field(default=32, ge=1, le=4096, description="Tokens per pruning window (each keeps its most surprising).")
+    tau: float = Field(default=0.18, ge=0.0, le=1.0, description="Normalised surprisal below which a token is pruned.")
+    scope: Literal["last_user", "user"] = Field(default="last_user", description="The last user message, or every user message.")
+
+
 class OpenStrategy(Strategy):
     """A variant's whole strategy: built-in, gateway and declared factors.
 
@@ -227,6 +330,12 @@ class OpenStrategy(Strategy):
     system_prompt: str | None = Field(
         default=None, min_length=1, max_length=32_768, description="System message placed before the caller's messages."
     )
+    dialogue_state: DialogueState | None = Field(
+        default=None, description="Replace the conversation's history by declared slots plus the last turn.")
+    prompt_split: PromptSplit | None = Field(
+        default=None, description="Keep each message's hard prefix; cut the soft rest to the latency budget's tokens.")
+    context_prune: ContextPrune | None = Field(
+        default=None, description="Token-entropy pruning with the backend's tokenizer and probabilities.")
 
     @model_validator(mode="before")
     @classmethod
@@ -275,6 +384,16 @@ class OpenStrategy(Strategy):
             if name in data and data[name] in (None, {}):
                 del data[name]
         return data
+
+    def factors(self) -> dict[str, object]:
+        """Flat factor → level map; a prompt strategy (``dialogue_state``, ``prompt_split``,
+        ``context_prune``) is one factor whose level is its whole mapping (its fields act
+        together, and the dashboard edits it as one JSON object)."""
+        data = self.model_dump(mode="json")
+        whole = {name: data[name] for name in PROMPT_STRATEGY_FACTORS if name in data}
+        flat = {k: v for k, v in super().factors().items() if k.split(".", 1)[0] not in whole}
+        flat.update(whole)
+        return flat
 
     def declared(self) -> dict[str, Any]:
         """The declared factors this strategy sets."""

@@ -17,10 +17,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from ablab.platform.gateway.prompting.rates import take_notes
 from ablab.platform.gateway.settings import Backend
 
 TOKEN_PRICES_FILE = Path(__file__).with_name("assets") / "token_prices.json"
 UNPRICED = "unpriced"
+MAX_EVENT_MEASURES = 32  # the event schema's caps (platform/events.py MAX_MEASURES, MAX_DIMS)
+MAX_EVENT_DIMS = 16
 
 
 @dataclass(slots=True)
@@ -127,6 +130,9 @@ def inference_event(
         "error": m.error,
         "strategy": strategy,
     }
+    # what the request's prompt strategies did (gateway.prompting); taking them also feeds the
+    # backend's measured prefill rate
+    notes = take_notes(trace_id, m)
     if with_measures:
         measures: dict[str, float] = {"tokens_estimated": 1.0 if estimated else 0.0}
         if m.generated_chunks > 1:
@@ -134,8 +140,16 @@ def inference_event(
             measures["itl_ms_max"] = round(m.itl_max_s * 1000.0, 3)
         if m.server_metrics:
             measures.update(m.server_metrics)
+        dims = {"backend": backend.name, **({"model": model[:128]} if model else {})}
+        if notes is not None:  # within the event schema's caps (32 measures, 16 dims), the gateway's own first
+            for k, v in notes.measures.items():
+                if len(measures) < MAX_EVENT_MEASURES:
+                    measures.setdefault(k, float(v))
+            for k, v in notes.dims.items():
+                if len(dims) < MAX_EVENT_DIMS:
+                    dims.setdefault(k, v)
         event["measures"] = measures
-        event["dims"] = {"backend": backend.name, **({"model": model[:128]} if model else {})}
+        event["dims"] = dims
     return event
 
 

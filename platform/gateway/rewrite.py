@@ -6,6 +6,8 @@ such as ``temperature``, ``top_p``, ``max_tokens``), ``system_prompt``, ``prompt
 (a named template rendered around the caller's last user message), ``cot_depth`` (an
 instruction to reason in at most N steps), ``compression`` (``{method: entropy, tau,
 window}``: token-entropy pruning of the user's text with the in-repo model as scorer).
+The prompt strategies ``dialogue_state``, ``prompt_split`` and ``context_prune`` are applied
+after this rewrite by :mod:`ablab.platform.gateway.prompting` (they talk to the backend).
 Other factors (the in-repo runtime's, a team's own) are not the gateway's to apply: the
 backend learns the variant from the ``X-Ablab-Variant`` header.
 """
@@ -61,7 +63,28 @@ def strategy_problems(strategy: Mapping[str, Any], *, backends: Mapping[str, Any
         can_compress = torch_available()
     if isinstance(compression, Mapping) and compression.get("method", "none") == "entropy" and not can_compress:
         problems.append("compression.method='entropy' needs the in-repo scorer: install ablab[inference] (torch)")
+    problems += prompt_strategy_problems(strategy)
     return problems
+
+
+def prompt_strategy_problems(strategy: Mapping[str, Any]) -> list[str]:
+    """Why a prompt strategy's settings cannot be served (the registry refuses these with a
+    422 first; a gateway still checks what its assignment config holds)."""
+    from pydantic import ValidationError
+
+    from ablab.platform.strategy import ContextPrune, DialogueState, PromptSplit
+
+    out = []
+    for name, model in (("dialogue_state", DialogueState), ("prompt_split", PromptSplit), ("context_prune", ContextPrune)):
+        value = strategy.get(name)
+        if value is None:
+            continue
+        try:
+            model.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            out.append(f"{'.'.join(str(p) for p in (name, *first['loc']))}: {first['msg']}")
+    return out
 
 
 def _render(text: str, template: str) -> str:

@@ -122,7 +122,9 @@ def _from_schema(schema: Mapping[str, Any], name: str, node: Mapping[str, Any], 
         body = non_null[0]
     body = {**_resolve(schema, body), **{k: v for k, v in body.items() if k != "$ref"}}
     default = node.get("default")
-    extra = {k: body[k] for k in ("minLength", "maxLength", "exclusiveMinimum") if k in body}
+    # an object factor (the gateway's prompt strategies) keeps its fields' schema, so
+    # GET /v1/factors shows what it takes
+    extra = {k: body[k] for k in ("minLength", "maxLength", "exclusiveMinimum", "properties", "required") if k in body}
     if "enum" in body:
         return FactorDef(name, "enum", origin, tuple(body["enum"]), default=default, description=node.get("description", ""), nullable=nullable)
     return FactorDef(name, body.get("type", "string"), origin, None, body.get("minimum"), body.get("maximum"), default,

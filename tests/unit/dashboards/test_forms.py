@@ -14,7 +14,8 @@ def test_every_strategy_factor_has_a_picker_with_its_range():
     factors = {f.name: f for f in forms.strategy_factors()}
     assert {n for n, f in factors.items() if f.origin == "builtin"} == set(FACTOR_NAMES)
     assert {n: f.kind for n, f in factors.items() if f.origin == "gateway"} == {
-        "backend": "str", "model": "str", "params": "json", "system_prompt": "text"}
+        "backend": "str", "model": "str", "params": "json", "system_prompt": "text",
+        "dialogue_state": "json", "prompt_split": "json", "context_prune": "json"}
     assert factors["precision"].choices == ("fp32", "bf16", "int8")
     assert (factors["kv_shards"].minimum, factors["kv_shards"].maximum) == (1, 64)
     assert factors["compression.tau"].kind == "float" and factors["compression.tau"].maximum == 1.0

@@ -13,7 +13,13 @@ from ablab.platform.strategy import FACTOR_NAMES
 def test_builtin_pack_and_gateway_factors_are_listed_with_schemas() -> None:
     factors = {f.name: f for f in builtin_factors()}
     assert {n for n, f in factors.items() if f.origin == "builtin"} == set(FACTOR_NAMES)
-    assert {n for n, f in factors.items() if f.origin == "gateway"} == {"backend", "model", "params", "system_prompt"}
+    assert {n for n, f in factors.items() if f.origin == "gateway"} == {"backend", "model", "params", "system_prompt",
+                                                                        "dialogue_state", "prompt_split", "context_prune"}
+    # the prompt strategies are object factors whose schema lists their fields
+    split = factors["prompt_split"].json_schema()["anyOf"][0]
+    assert split["required"] == ["latency_budget_ms"] and set(split["properties"]) == {"prefill_tps", "latency_budget_ms",
+                                                                                       "delimiter", "keep"}
+    assert FactorRead.of(factors["context_prune"]).allowed == "a mapping"
     assert factors["kv_shards"].json_schema()["maximum"] == 64
     assert factors["precision"].json_schema()["enum"] == ["fp32", "bf16", "int8"]
     assert factors["sparse_ffn_k"].json_schema()["anyOf"][1] == {"type": "null"}

@@ -306,6 +306,8 @@ class Loader:
                     batch_started = now
                     if self._uncommitted and not got:  # caught up: make what is stored visible and committed
                         self._flush_until_stored(stop_event, checkpoint=True)
+                        self._lag_at = now
+                        self._update_lag()  # caught up and committed: the lag this moment is the true one
                 if now - self._lag_at >= _LAG_REFRESH_S:  # idle too: lag grows while nothing is polled
                     self._lag_at = now
                     self._update_lag()
@@ -408,7 +410,10 @@ class Loader:
                                offset=record.offset, windows_topic=self.windows_topic, known_experiments=known,
                                now=now, max_future_s=self.max_future_s)
                 if routed is HEARTBEAT:
+                    # nothing to store, but its offset is consumed: the next checkpoint
+                    # commits past it (else a quiet stream's lag grew by the heartbeats)
                     self.stats.heartbeats += 1
+                    self._uncommitted = True
                 elif isinstance(routed, Routed):
                     self._pending[routed.table].append(routed.row)
                     self._origins[routed.table].append(_Origin(partition.topic, partition.partition, record.offset,

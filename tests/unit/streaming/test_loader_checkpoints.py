@@ -88,3 +88,29 @@ def test_when_a_checkpoint_is_due():
     assert loader._checkpoint_due(start + 1, caught_up=False)  # too many units waiting
     assert Loader(_Store(), "unused:9092", rollup_interval_s=0)._checkpoint_due(start, caught_up=False)
     assert Loader(_Store(), "unused:9092", rollup=False)._checkpoint_due(start, caught_up=False)
+
+
+def test_heartbeats_alone_are_committed_past(recorded):
+    """issue 35: a quiet stream's only records are the edge's heartbeats; nothing is stored,
+    but their offsets are committed, so the lag does not grow by them."""
+    from datetime import UTC, datetime
+
+    from ablab.platform.events import heartbeat_record
+
+    class _Partition:
+        topic, partition = "ablab.inference", 0
+
+    class _Record:
+        offset, value = 7, heartbeat_record(datetime.now(UTC))
+
+    class _Polling(_Consumer):
+        def poll(self, timeout_ms, max_records):  # noqa: ANN001
+            return {_Partition(): [_Record()]}
+
+    store = _Store()
+    loader = Loader(store, "unused:9092", rollup_interval_s=60.0)
+    loader._consumer = consumer = _Polling()
+    assert loader.poll_once() == 1
+    assert loader.stats.heartbeats == 1 and loader._pending_count == 0 and not loader._dead
+    loader.flush()  # the caught-up checkpoint
+    assert consumer.commits == 1 and recorded == [] and store.inserted == []

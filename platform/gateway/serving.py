@@ -29,7 +29,8 @@ from ablab.platform.gateway import protocol
 from ablab.platform.gateway.emit import event_unit_id
 from ablab.platform.gateway.metering import Measurement, exposure_event, inference_event, strategy_id
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
-from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
+from ablab.platform.gateway.prompting import rewrite_request
+from ablab.platform.gateway.rewrite import StrategyError, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
 from ablab.platform.gateway.shadow import SHADOW_STATUS, ShadowJob, ShadowRunner, ShadowSpec, inference_fields, spec_of
 from ablab.platform.gateway.stream import StreamMeter
@@ -164,8 +165,7 @@ class OpenAIServing:
             return Response(protocol.error_body(msg, kind="ablab_strategy_error"), status_code=500,
                             media_type="application/json", headers=out_headers)
         try:
-            upstream = apply_strategy(body, plan.strategy, chat=self.chat, templates=st.settings.templates,
-                                      compress=st.compressor() if "compression" in plan.strategy else None)
+            upstream = await rewrite_request(st, body, plan.strategy, chat=self.chat, backend=backend, trace_id=trace_id, events=len(plan.assignments))
         except StrategyError as exc:
             call.finish(error="strategy_unsupported")
             return Response(protocol.error_body(str(exc), kind="ablab_strategy_error"), status_code=500,

@@ -15,8 +15,8 @@ so). The vocabulary size normalising surprisal is llama.cpp's ``meta.n_vocab`` f
 ``GET /v1/models`` where given, else :data:`DEFAULT_VOCAB`.
 
 A backend found lacking is asked again after :data:`RETRY_S`. The auxiliary calls carry
-the backend's ``api_key_env`` key (not the caller's ``Authorization``) and
-``X-Request-Id: <trace_id>-tokenize|-prune``.
+the backend's ``api_key_env`` key (not the caller's ``Authorization``) and no
+``X-Request-Id``.
 """
 
 from __future__ import annotations
@@ -84,7 +84,9 @@ class BackendTools:
         self._scores: OrderedDict[tuple[str, str], Scored] = OrderedDict()
 
     def _headers(self, trace_id: str, what: str) -> dict[str, str]:
-        headers = {"content-type": "application/json", "x-request-id": f"{trace_id}-{what}"}
+        # No X-Request-Id: llama-cpp-python's server refuses (400) one that is not a UUID, and
+        # the request's own trace id belongs to the request it serves.
+        headers = {"content-type": "application/json"}
         if (key := self.backend.api_key()) is not None:
             headers["authorization"] = f"Bearer {key}"
         return headers

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import uuid
 from datetime import UTC, datetime
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -48,7 +49,18 @@ class Fake:
         return [self.vocab.setdefault(w, len(self.vocab) + 1) for w in words(text)]
 
     def app(self) -> Starlette:
+        def refuses(request: Request) -> JSONResponse | None:
+            # as llama-cpp-python's server does (starlette-context): an X-Request-Id must be a UUID
+            rid = request.headers.get("x-request-id")
+            try:
+                rid is None or uuid.UUID(rid)
+            except ValueError:
+                return JSONResponse({"detail": "bad request id"}, status_code=400)
+            return None
+
         async def tokenize(request: Request) -> JSONResponse:
+            if (bad := refuses(request)) is not None:
+                return bad
             body = await request.json()
             self.seen.append(("tokenize", body))
             if not self.tokenizer:
@@ -56,12 +68,16 @@ class Fake:
             return JSONResponse({"tokens": self.ids(body["input"])})
 
         async def detokenize(request: Request) -> JSONResponse:
+            if (bad := refuses(request)) is not None:
+                return bad
             body = await request.json()
             self.seen.append(("detokenize", body))
             back = {i: w for w, i in self.vocab.items()}
             return JSONResponse({"text": "".join(back[i] for i in body["tokens"])})
 
         async def completions(request: Request) -> JSONResponse:
+            if (bad := refuses(request)) is not None:
+                return bad
             body = await request.json()
             self.seen.append(("completions", body))
             if not self.logprobs:

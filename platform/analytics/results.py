@@ -13,6 +13,9 @@ changed and by the monitor's pass). Two sources of per-unit rows:
   per-unit rows, per-segment rows and histograms in one pass (GROUPING SETS), plus a
   per-unit pre-period query for CUPED and a top-values query for segments.
 
+Shadow requests (``type = 'shadow'``, issue 34) are read from ``raw_events`` either way, each
+with its primary (:func:`shadow_pairs`), for the paired analysis.
+
 Every value is a bound parameter; the client is passed in (the API owns it; chDB allows one
 owner per data directory).
 """
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ablab.platform.stats import paired as pr
 from ablab.platform.stats import unit_agg as ua
 from ablab.platform.stats.aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
 from ablab.platform.stats.engine import analyze
@@ -249,21 +253,52 @@ def variant_stats(client: "Client", spec: ExperimentSpec) -> tuple[dict[str, Var
     return agg.stats, agg.exposures
 
 
-def _analyze(spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
-    return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments)
+def shadow_pairs(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> pr.ShadowPairs | None:
+    """The experiment's shadow requests, each with its primary (issue 34), from ``raw_events``;
+    None when it has no shadow activity, which one probe finds out (no FINAL, three columns:
+    milliseconds), so results without shadows pay that one query. The SQL is
+    :func:`ablab.platform.stats.unit_agg.shadow_sql`; the rows are what
+    :func:`ablab.platform.stats.paired.shadow_rows` reads."""
+    probe = ua.shadow_sql(spec, (), final=final)
+    if not client.query(probe.probe, parameters=probe.params).result_rows[0][0]:
+        return None
+    billing = bool(client.query("SELECT count() FROM raw_events WHERE type = 'cost'").result_rows[0][0])
+    sql = ua.shadow_sql(spec, pr.shadow_sources(spec), final=final, billing=billing)
+    rows = _columns(client, sql.pairs, sql.params)
+
+    def values(prefix: str) -> dict[str, np.ndarray]:
+        return {src: np.asarray(_floats(rows[f"{prefix}{i}"]), dtype=float) for i, src in enumerate(sql.sources)}
+
+    paired = np.asarray(rows["paired"], dtype=bool)
+    return pr.ShadowPairs(
+        np.asarray(rows["variant"], dtype=object), paired, np.asarray(rows["primary_key"]).astype(np.uint64),
+        values("p"), values("s"), pr.requests_from_rows(_columns(client, sql.requests, sql.params)),
+    )
+
+
+def _floats(column: np.ndarray) -> np.ndarray:
+    """A nullable numeric column as floats (NULL → NaN)."""
+    if column.dtype == object:
+        return np.array([np.nan if v is None else float(v) for v in column], dtype=float)
+    return column.astype(float)
+
+
+def _analyze(client: "Client", spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
+    return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments,
+                   shadows=shadow_pairs(client, spec))
 
 
 def results(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
     """``GET /v1/experiments/{key}/results`` from the store."""
-    return _analyze(spec, aggregates(client, spec))
+    return _analyze(client, spec, aggregates(client, spec))
 
 
 def results_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
-    return _analyze(spec, aggregates_from_raw(client, spec, final=final))
+    return _analyze(client, spec, aggregates_from_raw(client, spec, final=final))
 
 
 def results_from_rollup(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
-    return _analyze(spec, aggregates_from_rollup(client, spec))
+    return _analyze(client, spec, aggregates_from_rollup(client, spec))
 
 
 def attribution(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:

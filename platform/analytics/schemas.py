@@ -11,11 +11,17 @@ Closed shapes forbid nothing either: fields the engine adds in a later version a
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 Number = int | float | None  # an int stays an int (counts), as in the JSON
+# A key the engine writes only sometimes stays absent in the API's JSON too where pydantic
+# can say so (``exclude_if``, pydantic ≥ 2.11); older versions write it as null.
+_ABSENT_WHEN_NONE: dict[str, Any] = (
+    {"exclude_if": lambda value: value is None} if "exclude_if" in inspect.signature(Field).parameters else {}
+)
 Interval = list[int | float | None]  # [low, high]; [null, null] where undefined
 
 
@@ -183,6 +189,42 @@ class Segment(_Shape):
     heterogeneity: list[Heterogeneity] = Field(default_factory=list)
 
 
+class ShadowCoverage(_Shape):
+    """How many of a variant's requests were chosen for a shadow, and what became of them."""
+
+    requests: int = 0  # the variant's requests
+    chosen: int = 0  # chosen for a shadow: sent + dropped
+    sent: int = 0
+    dropped: int = 0  # the shadow's concurrency cap was full
+    shadowed: int = 0  # primaries with a shadow event
+    failed: int = 0  # shadow events with error set
+    orphaned: int = 0  # shadow events whose primary is not among the variant's requests (yet)
+
+
+class ShadowRow(_Shape):
+    """One metric of one variant's shadow requests, each against its own primary:
+    differences shadow − primary over ``n_pairs`` pairs (paired t; for latencies also the
+    sign and Wilcoxon signed-rank tests)."""
+
+    metric: str
+    variant: str  # the primary's variant
+    n_pairs: int = 0
+    primary_mean: Number = None
+    shadow_mean: Number = None
+    mean_diff: Number = None
+    sd_diff: Number = None
+    ci: Interval = Field(default_factory=lambda: [None, None])
+    p_value: Number = None
+    p_value_adjusted: Number = None
+    sign_p_value: Number = None  # latencies
+    wilcoxon_p_value: Number = None  # latencies
+    method: str = "paired_t"
+    lower_is_better: bool = True
+    custom: bool = False
+    type: Literal["mean", "proportion"] | None = None
+    coverage: ShadowCoverage = Field(default_factory=ShadowCoverage)
+
+
 class Results(_Shape):
     """``GET /v1/experiments/{key}/results`` and ``ablab analyze --json``."""
 
@@ -197,6 +239,8 @@ class Results(_Shape):
     guardrails: list[Guardrail] = Field(default_factory=list)
     decisions: list[Decision] = Field(default_factory=list)
     segments: list[Segment] = Field(default_factory=list)
+    # only when the experiment has shadow activity (issue 34); absent otherwise (null under pydantic < 2.11)
+    shadows: list[ShadowRow] | None = Field(default=None, **_ABSENT_WHEN_NONE)
 
     def rows(self, metric: str) -> list[MetricRow]:
         return [r for r in self.metrics if r.metric == metric]

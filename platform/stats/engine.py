@@ -20,6 +20,7 @@ from .comparisons import (
 from .corrections import adjust, homogeneity_test, srm_check
 from .decisions import decide, evaluate_guardrails
 from .metrics import METRICS, CustomMetric, MetricDef
+from .paired import ShadowPairs, shadow_rows
 from .power import power_row
 from .segments import segment_breakdown
 from .quantiles import QuantileEstimate, quantile_ci
@@ -214,11 +215,14 @@ def analyze(
     exposures: Mapping[str, float] | None = None,
     extra: Mapping[str, Any] | None = None,
     segments: Mapping[str, Mapping[str, Mapping[str, VariantStats]]] | None = None,
+    shadows: ShadowPairs | None = None,
 ) -> dict[str, Any]:
     """The CONTRACTS analysis object for one experiment (JSON-ready).
 
     ``segments``: per dimension, per value, per-variant statistics of that slice; adds
     the ``segments`` breakdown (:func:`.segments.segment_breakdown`).
+    ``shadows``: the experiment's shadow requests paired with their primaries; adds the
+    ``shadows`` rows (:func:`.paired.shadow_rows`) when there is any shadow activity.
     """
     stats = {v.key: stats.get(v.key) or empty_variant(spec.custom) for v in spec.variants}
     unit_counts = exposures if exposures is not None else {k: s.units for k, s in stats.items()}
@@ -291,6 +295,8 @@ def analyze(
         "decisions": decisions,
         "segments": segment_breakdown(spec, segments) if segments else [],
     }
+    if shadows is not None and shadows.active:
+        result["shadows"] = shadow_rows(spec, shadows)
     if extra:
         result.update(extra)
     return json_ready(result)

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 
 from ablab.platform.fields import fields_of
 
+from . import paired as pr
 from . import unit_agg as ua
 from .aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
 from .engine import analyze
@@ -53,6 +54,7 @@ class OfflineAggregates:
     rejected: pa.Table | None = None  # malformed rows plus a reject_reason column, for dead-lettering
     segments: dict[str, dict[str, dict[str, VariantStats]]] | None = None  # dimension → value → variant → stats
     histograms: dict[str, dict[str, Any]] | None = None  # variant → key → HistogramStats
+    shadows: pr.ShadowPairs | None = None  # shadow requests and their primaries (issue 34); None: none
 
 
 def wanted(name: str) -> bool:
@@ -230,9 +232,10 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     ts = _timestamps_ms(table)
     lat = {name: _float(table, name) for name in LATENCIES}
 
-    # a shadow request (shadow_of set) is compared with its primary, never counted in a variant
+    # a shadow request (shadow_of set) is validated as any request, then compared with its
+    # primary (issue 34), never counted in a variant
     shadow_of, _ = _encode(table, "shadow_of", labels=False)
-    inf = mine & of_type("inference") & (shadow_of < 0)
+    inf = mine & of_type("inference")
     reasons[inf & ((trace < 0) | (unit_codes < 0))] = _REASON["missing_trace_or_unit"]
     negative = np.zeros(n, dtype=bool)
     for v in lat.values():
@@ -245,16 +248,23 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     reasons[inf & _out_of_bounds(table, "inference") & (reasons == 0)] = _REASON["out_of_bounds"]
     reasons[inf & (lat["ttft_ms"] > lat["e2e_ms"]) & (reasons == 0)] = _REASON["ttft_exceeds_e2e"]
     inf &= reasons == 0
+    shd = inf & (shadow_of >= 0)
+    inf &= shadow_of < 0
     # pre-period requests (CUPED's covariate) count per unit whatever their variant, even none
-    pre = inf & (ts < ua.start_ms(spec.start)) if spec.start else np.zeros(n, dtype=bool)
+    early = (ts < ua.start_ms(spec.start)) if spec.start else np.zeros(n, dtype=bool)
+    pre = inf & early
     inf &= ~pre
+    shd &= ~early  # a pre-period shadow is compared with nothing
     known = np.isin(var_labels, [v.key for v in spec.variants])
     var_ok = (var_codes >= 0) & known[np.maximum(var_codes, 0)] if var_labels.size else np.zeros(n, dtype=bool)
-    reasons[inf & ~var_ok] = _REASON["unknown_variant"]
+    reasons[(inf | shd) & ~var_ok] = _REASON["unknown_variant"]
     inf &= var_ok
+    shd &= var_ok
     inf_rows = np.flatnonzero(inf)
     keep = inf_rows[_first_of(trace[inf_rows])]
-    quality["duplicate_inference"] = int(inf_rows.size - keep.size)
+    shd_all = np.flatnonzero(shd)
+    shadow_rows = shd_all[_first_of(trace[shd_all])]
+    quality["duplicate_inference"] = int(inf_rows.size - keep.size + shd_all.size - shadow_rows.size)
     pre_all = np.flatnonzero(pre)
     pre_rows = pre_all[_first_of(trace[pre_all])]
     deduped = np.concatenate([keep, pre_rows])
@@ -274,6 +284,7 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     fb_rows = np.flatnonzero(fb & (reasons == 0))
     has_inf = np.zeros(n_trace, dtype=bool)
     has_inf[trace[deduped]] = True
+    has_inf[trace[shadow_rows]] = True  # a shadow's own labels grade the shadow (issue 34)
     by_trace: dict[str, np.ndarray] = {}
     orphans = np.zeros(0, dtype=np.int64)
     for name, col in (("correct", correct_all), ("score", score_all)):
@@ -291,7 +302,11 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     has_bill = np.bincount(trace[billed_rows], minlength=n_trace) > 0
 
     plan = ua.plan(spec)
-    values = _sources(plan, table, trace, lat, cost_all, billed, has_bill, by_trace, spec)
+    shadow_kind = _encode(table, "shadow")  # on a primary: sent | dropped when chosen for a shadow
+    chosen_codes = np.flatnonzero(np.isin(shadow_kind[1], ["sent", "dropped"]))
+    any_shadow = bool(shadow_rows.size) or bool(np.isin(shadow_kind[0][keep], chosen_codes).any())
+    sources = (*plan.sources, *pr.shadow_sources(spec)) if any_shadow else plan.sources
+    values = _sources(sources, table, trace, lat, cost_all, billed, has_bill, by_trace, spec)
     unit = trace if spec.request_randomized else unit_codes
     units = _units(plan, values, keep, var_codes, var_labels, unit)
     units["_unit"] = unit[keep][units.pop("_first")] if keep.size else np.zeros(0, dtype=np.int64)
@@ -315,16 +330,57 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     counts = np.bincount(reasons[bad], minlength=len(REJECT_REASONS))
     quality["rejected"] = {REJECT_REASONS[i]: int(c) for i, c in enumerate(counts) if i and c}
     stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
-    return OfflineAggregates(units, stats, exposures, quality, rejected, segments, histograms)
+    shadows = None
+    if any_shadow:
+        shadows = _shadow_pairs(spec, table, values, keep, shadow_rows, var_codes, var_labels, shadow_kind)
+    return OfflineAggregates(units, stats, exposures, quality, rejected, segments, histograms, shadows)
 
 
-def _sources(plan, table, trace, lat, cost_all, billed, has_bill, by_trace, spec) -> dict[str, np.ndarray]:
-    """Every source the plan reads, one float per event row (NaN: absent)."""
+def _shadow_pairs(spec, table, values, keep, shadow_rows, var_codes, var_labels, shadow_kind) -> pr.ShadowPairs:
+    """Each kept shadow request with its primary: the kept in-period request whose
+    ``trace_id`` is the shadow's ``shadow_of`` (:class:`.paired.ShadowPairs`)."""
+    sources = pr.shadow_sources(spec)
+    if shadow_rows.size:
+        traces = pc.cast(table["trace_id"].take(pa.array(keep)), pa.string())
+        wanted_traces = pc.cast(table["shadow_of"].take(pa.array(shadow_rows)), pa.string())
+        found = pc.fill_null(pc.index_in(wanted_traces, value_set=traces), -1).to_numpy(zero_copy_only=False)
+    else:
+        found = np.zeros(0, dtype=np.int64)
+    found = np.asarray(found, dtype=np.int64)
+    paired = found >= 0
+    primary_rows = np.where(paired, keep[np.maximum(found, 0)] if keep.size else 0, -1)
+    own = var_labels[var_codes[shadow_rows]] if shadow_rows.size else np.array([], dtype=object)
+    theirs = var_labels[var_codes[np.maximum(primary_rows, 0)]] if shadow_rows.size else own
+    variant = np.where(paired, theirs, own).astype(object)
+
+    def side(rows: np.ndarray, ok: np.ndarray) -> dict[str, np.ndarray]:
+        return {s: np.where(ok, values[s][np.maximum(rows, 0)], np.nan) if rows.size else np.zeros(0) for s in sources}
+
+    requests: dict[str, dict[str, int]] = {}
+    kind_codes, kind_labels = shadow_kind
+    kinds = kind_codes[keep]
+    kept_variants = var_codes[keep]
+    for i, label in enumerate(var_labels):
+        mine = kept_variants == i
+        if not mine.any():
+            continue
+        counts = {"requests": int(mine.sum())}
+        for name in ("sent", "dropped"):
+            hit = np.flatnonzero(kind_labels == name)
+            counts[name] = int((mine & (kinds == hit[0])).sum()) if hit.size else 0
+        counts["chosen"] = counts["sent"] + counts["dropped"]
+        requests[str(label)] = counts
+    return pr.ShadowPairs(variant, paired, primary_rows, side(primary_rows, paired),
+                          side(shadow_rows, np.ones(shadow_rows.size, dtype=bool)), requests)
+
+
+def _sources(sources, table, trace, lat, cost_all, billed, has_bill, by_trace, spec) -> dict[str, np.ndarray]:
+    """Every source read (the plan's, and the paired analysis's), one float per event row (NaN: absent)."""
     t = np.maximum(trace, 0)
     traced = trace >= 0
     values: dict[str, np.ndarray] = dict(lat)
     for name in ("prompt_tokens", "output_tokens", "device_s"):
-        if name in plan.sources:
+        if name in sources:
             values[name] = _float(table, name)
     values["cost_usd"] = np.where(traced & has_bill[t], billed[t], np.nan_to_num(cost_all)) if trace.size else cost_all
     for name in ua.LABELS:
@@ -332,7 +388,7 @@ def _sources(plan, table, trace, lat, cost_all, billed, has_bill, by_trace, spec
     err = _is_error(table)
     values["error"] = err.astype(float)
     values["good"] = ua.good_numpy(err, values, spec.slos)
-    for s in plan.sources:
+    for s in dict.fromkeys(sources):
         if s.startswith(MEASURE_PREFIX):
             values[s] = _measure(table, s[len(MEASURE_PREFIX):])
     return values
@@ -377,6 +433,6 @@ def _exposures(spec, rows_mask, unit_codes, var_codes, var_labels) -> dict[str, 
 def analyze_events(events: Any, spec: ExperimentSpec) -> tuple[dict[str, Any], OfflineAggregates]:
     agg = aggregate_events(events, spec)
     result = analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, extra={"data_quality": agg.data_quality},
-                     segments=agg.segments)
+                     segments=agg.segments, shadows=agg.shadows)
     return result, agg
 

@@ -84,6 +84,32 @@ def to_csv(result: Mapping[str, Any]) -> str:
     return buf.getvalue()
 
 
+def shadow_table(result: Mapping[str, Any]) -> Any:
+    """The ``shadows`` rows: each variant's shadows against their own primaries (paired)."""
+    from rich.table import Table
+
+    table = Table(title="shadows (each against its own primary: Δ = shadow − primary)")
+    for col in ("variant", "metric", "pairs", "primary", "shadow", "Δ", "Δ CI", "p (paired t)", "p adj", "p sign",
+                "p Wilcoxon", "coverage"):
+        table.add_column(col, justify="left" if col in ("variant", "metric", "coverage") else "right")
+    seen: set[str] = set()
+    for r in result["shadows"]:
+        cov = r.get("coverage") or {}
+        text = ""
+        if r["variant"] not in seen:  # once per variant
+            seen.add(r["variant"])
+            text = (f"{cov.get('shadowed', 0)}/{cov.get('chosen', 0)} chosen shadowed · {cov.get('dropped', 0)} dropped · "
+                    f"{cov.get('failed', 0)} failed · {cov.get('orphaned', 0)} orphaned")
+        p_adj = r.get("p_value_adjusted")
+        table.add_row(
+            r["variant"], r["metric"], _num(r["n_pairs"], 6), _num(r.get("primary_mean")), _num(r.get("shadow_mean")),
+            _num(r.get("mean_diff")), f"[{_num(r['ci'][0])}, {_num(r['ci'][1])}]", _num(r.get("p_value"), 3),
+            _num(p_adj, 3), _num(r.get("sign_p_value"), 3), _num(r.get("wilcoxon_p_value"), 3), text,
+            style="bold" if p_adj is not None and p_adj < result.get("alpha", 0.05) else None,
+        )
+    return table
+
+
 def rich_tables(result: Mapping[str, Any]) -> list[Any]:
     from rich.table import Table
 
@@ -111,6 +137,8 @@ def rich_tables(result: Mapping[str, Any]) -> list[Any]:
             style=style,
         )
     tables = [head, metrics]
+    if result.get("shadows"):
+        tables.append(shadow_table(result))
     for seg in result.get("segments") or []:
         st = Table(title=f"segments by {seg['dimension']}")
         for col in ("value", "metric", "variant", "n", "estimate", "Δ%", "Δ% CI", "p", "p adj"):

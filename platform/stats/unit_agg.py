@@ -284,7 +284,7 @@ def _sql_source(source: str, params: dict[str, Any]) -> str:
     if source in LATENCIES or source == "device_s":
         return f"r.{source}"
     if source == "cost_usd":
-        return "toFloat64(ifNull(if(b.has = 1, b.billed, r.cost_usd), 0))"
+        return f"toFloat64(ifNull({_BILLED_COST}, 0))"
     if source in LABELS:
         return f"l.{source}"
     if source == "error":
@@ -319,6 +319,27 @@ def _good_sql(slos: Mapping[str, float], params: dict[str, Any]) -> str:
         else:
             good.append(f"(r.{name} IS NOT NULL AND r.{name} <= {{slo_{name}:Float64}})")
     return " AND ".join(good)
+
+
+_BILLED_COST = "if(b.has = 1, b.billed, r.cost_usd)"  # in _sql_source's cost_usd; without billing: r.cost_usd
+
+
+def _billing_join(fin: str) -> str:
+    """Σ billed cost per trace (``b``), joined to the request rows ``r``."""
+    return f"""LEFT JOIN (
+                SELECT cityHash64(trace_id) AS t, sum(cost_usd) AS billed, toUInt8(1) AS has FROM raw_events {fin}
+                WHERE type = 'cost' AND cost_usd IS NOT NULL GROUP BY t
+            ) AS b ON b.t = cityHash64(r.trace_id)"""
+
+
+def _label_join(fin: str) -> str:
+    """The trace's latest label per field (``l.correct``, ``l.score``), joined to the request rows ``r``."""
+    return f"""LEFT JOIN (
+                SELECT cityHash64(trace_id) AS t,
+                       if(countIf(correct IS NOT NULL) > 0, toFloat64(argMaxIf(assumeNotNull(correct), ts, correct IS NOT NULL)), NULL) AS correct,
+                       if(countIf(score IS NOT NULL) > 0, argMaxIf(assumeNotNull(score), ts, score IS NOT NULL), NULL) AS score
+                FROM raw_events {fin} WHERE type = 'feedback' GROUP BY t
+            ) AS l ON l.t = cityHash64(r.trace_id)"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,19 +393,10 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
         sets[f"hist:{h.key}"] = ((1 << width) - 1) & ~(1 << (width - 2 - len(seg_keys) - j))
     inner_alias = {s: f"i.{a}" for s, a in alias.items()}
     columns = ",\n               ".join(_sql_column(c, inner_alias, "1") for c in p.columns)
-    billing_join = f"""LEFT JOIN (
-                SELECT cityHash64(trace_id) AS t, sum(cost_usd) AS billed, toUInt8(1) AS has FROM raw_events {fin}
-                WHERE type = 'cost' AND cost_usd IS NOT NULL GROUP BY t
-            ) AS b ON b.t = cityHash64(r.trace_id)""" if billing else ""
+    billing_join = _billing_join(fin) if billing else ""
     if not billing:
-        exprs = [e.replace("if(b.has = 1, b.billed, r.cost_usd)", "r.cost_usd") for e in exprs]
-    labels_needed = any(s in LABELS for s in p.sources)
-    label_join = f"""LEFT JOIN (
-                SELECT cityHash64(trace_id) AS t,
-                       if(countIf(correct IS NOT NULL) > 0, toFloat64(argMaxIf(assumeNotNull(correct), ts, correct IS NOT NULL)), NULL) AS correct,
-                       if(countIf(score IS NOT NULL) > 0, argMaxIf(assumeNotNull(score), ts, score IS NOT NULL), NULL) AS score
-                FROM raw_events {fin} WHERE type = 'feedback' GROUP BY t
-            ) AS l ON l.t = cityHash64(r.trace_id)""" if labels_needed else ""
+        exprs = [e.replace(_BILLED_COST, "r.cost_usd") for e in exprs]
+    label_join = _label_join(fin) if any(s in LABELS for s in p.sources) else ""
     # pre-period requests count per unit whatever their variant (even none)
     valid = f"""r.type = 'inference' AND r.experiment = {{experiment:String}}
               AND r.trace_id != '' AND {unit} != ''
@@ -436,6 +448,81 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
         """
         params["dims"] = list(p.segments)
     return StoreSQL(main, pre, params, sets, top_sql)
+
+
+# --- shadow requests and their primaries (issue 34; the pure analysis: .paired) -----------
+
+
+@dataclass(frozen=True, slots=True)
+class ShadowSQL:
+    probe: str  # any shadow activity (a shadow event, or a primary chosen for one)? No FINAL: a cheap check
+    pairs: str  # one row per shadow request: variant, paired, primary_key, p{i} / s{i} per source
+    requests: str  # per variant: requests, chosen, sent, dropped
+    params: dict[str, Any]
+    sources: tuple[str, ...]  # p{i} / s{i} is sources[i]
+
+
+def shadow_sql(spec: Any, sources: tuple[str, ...], *, final: bool = True, billing: bool = True) -> ShadowSQL:
+    """The paired analysis's rows as ClickHouse text over ``raw_events``: each shadow request
+    (``type = 'shadow'``) with the in-period request of a variant whose ``trace_id`` is its
+    ``shadow_of`` (none: ``paired`` 0, the primary's values NULL), the same validity rules,
+    period and sources (:func:`_sql_source`: billing replaces the estimate, the trace's latest
+    label per field) as :func:`store_sql`, so ``ablab analyze`` (numpy) cannot drift from it.
+    Every value is a bound parameter."""
+    fin = "FINAL" if final else ""
+    params: dict[str, Any] = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
+    exprs = [f"{_sql_source(src, params)} AS s{i}" for i, src in enumerate(sources)]
+    if not billing:
+        exprs = [e.replace(_BILLED_COST, "r.cost_usd") for e in exprs]
+    good = _good_sql(spec.slos, params)
+    unit = "r.trace_id" if spec.request_randomized else "r.unit_id"
+    in_period = "1"
+    if spec.start:
+        params["start_ms"] = start_ms(spec.start)
+        in_period = "toUnixTimestamp64Milli(r.ts) >= {start_ms:Int64}"
+    valid = f"""r.experiment = {{experiment:String}} AND r.variant IN {{variants:Array(String)}}
+              AND r.trace_id != '' AND {unit} != '' AND {in_period}
+              AND (r.e2e_ms IS NULL OR r.e2e_ms >= 0) AND (r.ttft_ms IS NULL OR r.ttft_ms >= 0)
+              AND (r.tpot_ms IS NULL OR r.tpot_ms >= 0)"""
+    # the primaries worth reading: those some shadow names (a superset without FINAL is as good a filter)
+    shadows_of = "SELECT shadow_of FROM raw_events WHERE type = 'shadow' AND experiment = {experiment:String}"
+    read = ["event_id", "ts", "variant", "unit_id", "trace_id", "shadow_of", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd",
+            "error", *(f for f in ("prompt_tokens", "output_tokens", "device_s") if f in sources)]
+    read += ["measures"] if any(x.startswith(MEASURE_PREFIX) for x in sources) else []
+    billing_join = _billing_join(fin) if billing else ""
+    label_join = _label_join(fin) if any(x in LABELS for x in sources) else ""
+
+    def scan(kind: str, extra: str) -> str:
+        # one row per trace_id (the earliest), as ablab analyze keeps one request per trace
+        return f"""SELECT r.trace_id AS trace_id, r.variant AS variant, r.shadow_of AS shadow_of,
+                   cityHash64(r.trace_id) AS k, {', '.join(exprs)}
+            FROM (SELECT {', '.join(f'r.{c} AS {c}' for c in read)}, {good} AS good FROM raw_events AS r {fin}
+                  WHERE r.type = '{kind}' AND {valid}{extra}
+                  ORDER BY trace_id, ts, event_id LIMIT 1 BY trace_id) AS r
+            {billing_join}
+            {label_join}"""
+
+    picks = ", ".join([*(f"p.s{i} AS p{i}" for i in range(len(sources))), *(f"s.s{i} AS s{i}" for i in range(len(sources)))])
+    pairs = f"""
+        SELECT toString(if(p.trace_id IS NULL, s.variant, p.variant)) AS variant,
+               toUInt8(p.trace_id IS NOT NULL) AS paired, ifNull(p.k, 0) AS primary_key, {picks}
+        FROM ({scan('shadow', " AND r.shadow_of != ''")}) AS s
+        LEFT JOIN ({scan('inference', f' AND r.trace_id IN ({shadows_of})')}) AS p ON p.trace_id = s.shadow_of
+        SETTINGS join_use_nulls = 1
+    """
+    requests = f"""
+        SELECT toString(r.variant) AS variant, toUInt64(count()) AS requests,
+               toUInt64(countIf(r.shadow IN ('sent', 'dropped'))) AS chosen,
+               toUInt64(countIf(r.shadow = 'sent')) AS sent, toUInt64(countIf(r.shadow = 'dropped')) AS dropped
+        FROM raw_events AS r {fin}
+        WHERE r.type = 'inference' AND {valid}
+        GROUP BY r.variant
+    """
+    probe = """
+        SELECT count() FROM (SELECT 1 FROM raw_events WHERE type IN ('inference', 'shadow')
+            AND experiment = {experiment:String} AND (type = 'shadow' OR shadow IN ('sent', 'dropped')) LIMIT 1)
+    """
+    return ShadowSQL(probe, pairs, requests, params, tuple(sources))
 
 
 def start_ms(text: str) -> int:

@@ -197,13 +197,17 @@ def llm_traffic(
     token: str = typer.Option(None, envvar=TOKEN_ENV),
     events_file: Path = typer.Option(None, help="Write rum events here instead of POSTing them."),
     seed: int = typer.Option(5),
+    workload: str = typer.Option("qa", help="qa: one question per request; dialogue: a multi-turn conversation "
+                                             "that states facts and asks for one (sent as X-Ablab-Attr-Workload)."),
 ) -> None:
     """Ask questions with known answers through the gateway (official openai client); grade the replies."""
     import time
 
     from ablab.inference import llamacpp
-    from ablab.cli.supervisor.llm_demo import run_llm_traffic
+    from ablab.cli.supervisor.llm_demo import WORKLOADS, run_llm_traffic
 
+    if workload not in WORKLOADS:
+        fail(f"--workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
     sink = _sink(api_url, token, events_file)
     if wait_for:
         last = ""
@@ -214,7 +218,8 @@ def llm_traffic(
                 console.print(f"waiting: {message}")
                 last = message
             time.sleep(5)
-    result = run_llm_traffic(gateway_url=gateway_url, rate=rate, duration_s=duration, users=users, sink=sink, ledger=ledger, seed=seed)
+    result = run_llm_traffic(gateway_url=gateway_url, rate=rate, duration_s=duration, users=users, sink=sink, ledger=ledger,
+                             seed=seed, workload=workload)
     sink.close()
     out.print_json(json.dumps({"sent": result.sent, "ok": result.ok, "failed": result.failed, "correct": result.correct,
                                "errors": result.errors}))

@@ -154,28 +154,43 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None,  # 
 
 def _llm_services(settings: Settings, api: str, sdk_env: dict[str, str], events_file) -> list:  # noqa: ANN001
     """SmolLM2 behind llama_cpp.server and the in-repo worker, both behind `ablab gateway`;
-    graded questions through the gateway. The SmolLM2 backend starts without blocking `up`:
-    it joins when its wheel build is done (`ablab status` shows the progress)."""
+    graded questions (`demo-llm`, half of them shadowed) and graded multi-turn conversations
+    (`demo-llm-dialogue`) through the gateway, each workload with its own ledger and labeler.
+    The SmolLM2 backend starts without blocking `up`: it joins when its wheel build is done
+    (`ablab status` shows the progress)."""
     from ablab.cli.supervisor.processes import Service, http_ok
 
     ablab = _ablab()
     llm = f"http://127.0.0.1:{settings.demo_llm_port}"
     gateway = f"http://127.0.0.1:{settings.demo_gateway_port}"
     ledger = str(settings.home / "run" / "ledger-llm.jsonl")
+    dialogue_ledger = str(settings.home / "run" / "ledger-llm-dialogue.jsonl")
+    duration = f"{settings.demo_duration_s:g}"
     return [
         Service("llm", [ablab, "llm", "--port", str(settings.demo_llm_port)], http_ok(f"{llm}/v1/models"), env=sdk_env,
                 background=True),
         Service("gateway", [ablab, "gateway", "--port", str(settings.demo_gateway_port), "--config", str(_gateway_config(settings)),
-                            "--api-url", api, "--experiment", LLM_EXPERIMENT], http_ok(f"{gateway}/healthz"), env=sdk_env),
+                            "--api-url", api, "--experiment", LLM_EXPERIMENT, "--experiment", DIALOGUE_EXPERIMENT],
+                http_ok(f"{gateway}/healthz"), env=sdk_env),
         Service("llm-traffic", [ablab, "llm-traffic", "--gateway-url", gateway, "--wait-for", llm, "--rate", "0.5",
-                                "--duration", f"{settings.demo_duration_s:g}", "--ledger", ledger, "--api-url", api,
+                                "--duration", duration, "--ledger", ledger, "--api-url", api,
                                 *events_file("llm-traffic")], lambda: True, env=sdk_env),
         Service("llm-labeler", [ablab, "labeler", "--ledger", ledger, "--fraction", "1.0", "--delay-median-min", "0.2",
                                 "--api-url", api, "--seed", "13", *events_file("llm-labeler")], lambda: True, env=sdk_env),
+        # One conversation every ~5 s (plus its answer): SmolLM2 serves one request at a time
+        # on one thread, and the QA traffic and its shadows share it.
+        Service("llm-dialogue", [ablab, "llm-traffic", "--workload", "dialogue", "--gateway-url", gateway, "--wait-for", llm,
+                                 "--rate", str(DIALOGUE_RATE), "--duration", duration, "--ledger", dialogue_ledger,
+                                 "--api-url", api, "--seed", "17", *events_file("llm-dialogue")], lambda: True, env=sdk_env),
+        Service("llm-dialogue-labeler", [ablab, "labeler", "--ledger", dialogue_ledger, "--fraction", "1.0",
+                                         "--delay-median-min", "0.2", "--api-url", api, "--seed", "19",
+                                         *events_file("llm-dialogue-labeler")], lambda: True, env=sdk_env),
     ]
 
 
 LLM_EXPERIMENT = "demo-llm"
+DIALOGUE_EXPERIMENT = "demo-llm-dialogue"  # dialogue_state off vs on, `--workload dialogue` (demo.yaml)
+DIALOGUE_RATE = 0.2  # conversations a second
 
 
 def _gateway_config(settings: Settings) -> Path:
@@ -231,7 +246,8 @@ def up(demo: bool = typer.Option(False, "--demo", help="Also run workers, traffi
     out.print(f"ablab is up: API http://{settings.api_host}:{settings.api_port}/docs · "
               f"dashboard http://127.0.0.1:{settings.dashboard_port} · logs {supervisor.log_dir}")
     if tokens:
-        out.print(f"demo experiments 'demo-serving' and '{LLM_EXPERIMENT}' running; admin token in {settings.home / 'run' / 'demo-tokens.json'}")
+        out.print(f"demo experiments 'demo-serving', '{LLM_EXPERIMENT}' (shadowed) and '{DIALOGUE_EXPERIMENT}' running; "
+                  f"admin token in {settings.home / 'run' / 'demo-tokens.json'}")
         out.print(f"gateway (OpenAI-compatible) http://127.0.0.1:{settings.demo_gateway_port}/v1 · SmolLM2 joins when its "
                   "wheel is built (`ablab status` shows the progress)")
     if webhook_env:

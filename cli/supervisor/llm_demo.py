@@ -6,6 +6,18 @@ Each request carries its unit in ``X-Ablab-Unit``; the gateway assigns the unit'
 emits the exposure and inference events itself. This side emits the client-side (RUM)
 latency and writes a ledger record with the grade, which ``ablab labeler`` turns into a
 delayed ``feedback`` event joined by that trace id. Half the requests stream.
+
+Two workloads (``ablab llm-traffic --workload``), each sending ``X-Ablab-Attr-Workload``,
+which the demo experiments target:
+
+- ``qa`` (``demo-llm``): one question with known answers per request;
+- ``dialogue`` (``demo-llm-dialogue``): a multi-turn conversation per request. Facts about
+  the user (name, city, favourite colour) are stated in its first two turns, a few filler
+  turns follow (questions from ``QUESTIONS`` with canned assistant answers), and the last
+  turn asks for one of the facts; the reply is graded by whether it contains that fact.
+  The caller sends the whole history, as OpenAI clients do; the experiment's treatment
+  (``dialogue_state``) replaces it upstream by slots extracted with :data:`DIALOGUE_SLOTS`.
+  These requests do not stream, so the prompt tokens recorded are the backend's own count.
 """
 
 from __future__ import annotations
@@ -65,12 +77,85 @@ class LlmTrafficResult:
     errors: dict[str, int] = field(default_factory=dict)
 
 
-def ask(client: Any, *, question: str, unit: str, stream: bool, max_tokens: int = 24) -> tuple[str, dict[str, str], float]:
-    """One chat request through the gateway: (reply text, the X-Ablab-* headers, client-side e2e ms)."""
+# -------------------------------------------------------------- the multi-turn workload
+
+# Fact values: none of them is a word of a filler turn (QUESTIONS and their canned answers),
+# so a reply can only be right by recalling the fact.
+NAMES: tuple[str, ...] = ("Alice", "Omar", "Priya", "Lukas", "Mei", "Diego", "Sara", "Kofi")
+CITIES: tuple[str, ...] = ("Lima", "Oslo", "Cairo", "Dublin", "Lisbon", "Nairobi", "Quito", "Vienna")
+COLORS: tuple[str, ...] = ("purple", "orange", "silver", "brown", "pink", "gold", "teal", "gray")
+# The treatment's dialogue_state slots (RE2; demo.yaml declares the same patterns): each
+# matches the turn that states its fact and nothing else the workload sends.
+DIALOGUE_SLOTS: dict[str, str] = {
+    "name": r"(?i)\bmy name is (\w+)",
+    "city": r"(?i)\bi live in (\w+)",
+    "color": r"(?i)\bmy favou?rite colou?r is (\w+)",
+}
+# the last turn, per fact asked
+ASK: dict[str, str] = {
+    "name": "What is my name?",
+    "city": "Which city do I live in?",
+    "color": "What is my favorite color?",
+}
+FILLER_TURNS = (2, 4)  # filler question-and-answer pairs between the facts and the question
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: tuple[dict[str, str], ...]  # the whole history as the caller sends it, the question last
+    facts: dict[str, str]  # slot -> the value stated
+    asked: str  # the slot the last turn asks for
+    answer: str  # its value, lower case: what grading looks for
+
+    @property
+    def question(self) -> str:
+        return self.messages[-1]["content"]
+
+
+def _canned(answers: tuple[str, ...]) -> str:
+    return f"The answer is {answers[0]}."
+
+
+def make_conversation(rng: random.Random, *, filler: tuple[int, int] = FILLER_TURNS) -> Conversation:
+    """One graded conversation: facts in turns 1-2, ``filler`` (min, max) filler pairs, the question."""
+    facts = {"name": rng.choice(NAMES), "city": rng.choice(CITIES), "color": rng.choice(COLORS)}
+    messages: list[dict[str, str]] = [
+        {"role": "user", "content": f"Hi! My name is {facts['name']} and I live in {facts['city']}."},
+        {"role": "assistant", "content": "Nice to meet you! How can I help you today?"},
+        {"role": "user", "content": f"Before we start: my favorite color is {facts['color']}."},
+        {"role": "assistant", "content": "Noted. What would you like to know?"},
+    ]
+    for question, answers in rng.sample(QUESTIONS, rng.randint(*filler)):
+        messages.append({"role": "user", "content": question})
+        messages.append({"role": "assistant", "content": _canned(answers)})
+    asked = rng.choice(tuple(ASK))
+    messages.append({"role": "user", "content": ASK[asked]})
+    return Conversation(tuple(messages), facts, asked, facts[asked].lower())
+
+
+def grade_dialogue(text: str, conversation: Conversation) -> bool:
+    """Correct when the reply contains the asked fact as a word (an exact reply is one)."""
+    return grade(text, (conversation.answer,))
+
+
+# -------------------------------------------------------------- sending and the loop
+
+WORKLOADS = ("qa", "dialogue")
+
+
+def ask(client: Any, *, unit: str, stream: bool, question: str | None = None,
+        messages: list[dict[str, str]] | None = None, max_tokens: int = 24,
+        workload: str | None = None) -> tuple[str, dict[str, str], float]:
+    """One chat request through the gateway (``question`` as one user turn, or ``messages``):
+    (reply text, the X-Ablab-* headers, client-side e2e ms)."""
+    if messages is None:
+        messages = [{"role": "user", "content": question or ""}]
+    headers = {"X-Ablab-Unit": unit}
+    if workload:
+        headers["X-Ablab-Attr-Workload"] = workload
     t0 = time.perf_counter()
     raw = client.chat.completions.with_raw_response.create(
-        model="smollm2", messages=[{"role": "user", "content": question}], max_tokens=max_tokens, stream=stream,
-        extra_headers={"X-Ablab-Unit": unit},
+        model="smollm2", messages=messages, max_tokens=max_tokens, stream=stream, extra_headers=headers,
     )
     ablab = {k.lower()[len("x-ablab-"):]: v for k, v in raw.headers.items() if k.lower().startswith("x-ablab-")}
     parsed = raw.parse()
@@ -84,39 +169,58 @@ def ask(client: Any, *, question: str, unit: str, stream: bool, max_tokens: int 
 def run_llm_traffic(
     *, gateway_url: str, rate: float, duration_s: float, users: int, sink: Any, ledger: Path, seed: int = 5,
     api_key: str = "demo", stop: Callable[[], bool] = lambda: False, timeout_s: float = 60.0,
+    workload: str = "qa", http_client: Any = None,
 ) -> LlmTrafficResult:
     """Poisson arrivals at `rate`/s for `duration_s`, one request at a time (a 135M model on a
-    shared CPU serves about one answer a second)."""
+    shared CPU serves about one answer a second). ``workload``: ``qa`` (one question, half
+    streamed, units ``llm-user-N``) or ``dialogue`` (a :func:`make_conversation`, not
+    streamed, units ``dialogue-user-N``); each request says which in ``X-Ablab-Attr-Workload``.
+    ``http_client``: an ``httpx.Client`` for the openai client (tests)."""
     import openai
 
     from ablab.inference.serving import events as ev
 
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload: {workload!r} is not one of {', '.join(WORKLOADS)}")
     rng = random.Random(seed)
-    client = openai.OpenAI(base_url=f"{gateway_url.rstrip('/')}/v1", api_key=api_key, max_retries=0, timeout=timeout_s)
+    client = openai.OpenAI(base_url=f"{gateway_url.rstrip('/')}/v1", api_key=api_key, max_retries=0, timeout=timeout_s,
+                           **({"http_client": http_client} if http_client is not None else {}))
     result = LlmTrafficResult()
     ledger.parent.mkdir(parents=True, exist_ok=True)
     end = time.monotonic() + duration_s
     with ledger.open("a") as out:
         while time.monotonic() < end and not stop():
-            question, answers = rng.choice(QUESTIONS)
-            unit = f"llm-user-{rng.randrange(users)}"
+            conversation: Conversation | None = None
+            if workload == "dialogue":
+                conversation = make_conversation(rng)
+                question, answers = conversation.question, (conversation.answer,)
+                unit = f"dialogue-user-{rng.randrange(users)}"
+                stream = False
+            else:
+                question, answers = rng.choice(QUESTIONS)
+                unit = f"llm-user-{rng.randrange(users)}"
+                stream = rng.random() < 0.5
             result.sent += 1
             try:
-                text, ablab, e2e_ms = ask(client, question=question, unit=unit, stream=rng.random() < 0.5)
+                text, ablab, e2e_ms = ask(client, question=question, unit=unit, stream=stream, workload=workload,
+                                          messages=list(conversation.messages) if conversation else None)
             except openai.APIError as exc:  # the backend is down or slow: counted, the gateway emits the error event
                 result.failed += 1
                 name = type(exc).__name__
                 result.errors[name] = result.errors.get(name, 0) + 1
             else:
                 result.ok += 1
-                correct = grade(text, answers)
+                correct = grade_dialogue(text, conversation) if conversation is not None else grade(text, answers)
                 result.correct += int(correct)
                 trace = ablab.get("trace-id")
                 if trace:
                     sink.emit(ev.rum_event(trace_id=trace, e2e_ms=e2e_ms, experiment=ablab.get("experiment"),
                                            variant=ablab.get("variant"), unit_id=unit))
-                    out.write(json.dumps({"trace_id": trace, "unit_id": unit, "question": question, "output": text,
-                                          "answer": answers[0], "correct": int(correct), "served_at": time.time()}) + "\n")
+                    record = {"trace_id": trace, "unit_id": unit, "question": question, "output": text,
+                              "answer": answers[0], "correct": int(correct), "served_at": time.time()}
+                    if conversation is not None:
+                        record.update(workload=workload, asked=conversation.asked, turns=len(conversation.messages))
+                    out.write(json.dumps(record) + "\n")
                     out.flush()
             time.sleep(min(rng.expovariate(rate), max(0.0, end - time.monotonic())))
     client.close()

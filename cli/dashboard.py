@@ -12,15 +12,16 @@ from ablab.cli._common import console, fail
 from ablab.platform.config import get_settings
 
 
-def app_file() -> Path:
-    """The Streamlit script of the installed ``ablab.dashboards`` package."""
+def app_file(name: str = "asgi.py") -> Path:
+    """A file of the installed ``ablab.dashboards`` package: by default its server
+    (``asgi.py``: the Streamlit app ``app.py`` plus the sign-in cookie's route)."""
     import ablab.dashboards
 
     for location in ablab.dashboards.__path__:
-        candidate = Path(location) / "app.py"
+        candidate = Path(location) / name
         if candidate.is_file():
             return candidate
-    raise FileNotFoundError("ablab.dashboards has no app.py")
+    raise FileNotFoundError(f"ablab.dashboards has no {name}")
 
 
 def streamlit_command(*, port: int, host: str, headless: bool) -> list[str]:

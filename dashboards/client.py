@@ -79,6 +79,16 @@ class ApiClient:
                 raise
         return {"name": "token", "scope": self._probe_scope()}
 
+    def check(self) -> None:
+        """Raise :class:`ApiError` unless the API still accepts this token (one cheap read,
+        made on every page run: a revoked or expired key shows at the next interaction)."""
+        try:
+            self._call("GET", "/v1/whoami")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            self._call("GET", "/v1/experiments", params={"limit": 1})  # an API without /v1/whoami
+
     def _probe_scope(self) -> str:
         self._json("GET", "/v1/experiments", params={"limit": 1})  # 401/403 raise: not even a viewer
         # An invalid body is refused with 422 only after the scope check passed (403 before).

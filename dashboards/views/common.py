@@ -27,6 +27,32 @@ class Context:
         return self.scope in ("admin", "editor")
 
 
+_AUTH_KEYS = ("token", "_client", "user", "scope", "api_url", "_sid", "_handoff")
+
+
+def end_session(notice: str | None, *, token_refused: bool = False) -> None:
+    """Sign this tab out and end its server-side session (every tab and reload of the
+    browser); ``notice`` is what the sign-in page says about why; ``token_refused``: the API
+    answered 401, so every session holding the token ends too. The page's address stays, so
+    signing in again lands where the user was going."""
+    from ablab.dashboards import session
+
+    sid = st.session_state.get("_sid")
+    token = st.session_state.get("token")
+    if sid:
+        session.store().end(sid)
+    if token and token_refused:
+        session.store().end_token(token)
+    client = st.session_state.get("_client")
+    if client is not None:
+        client.close()
+    for key in _AUTH_KEYS:
+        st.session_state.pop(key, None)
+    st.session_state["_cookie_read"] = True  # the page's cookie named the session just ended
+    if notice:
+        st.session_state["_signin_notice"] = notice
+
+
 def goto(page: str, experiment: str | None = None) -> None:
     st.query_params.clear()
     st.query_params["page"] = page
@@ -49,7 +75,12 @@ def current_page() -> tuple[str, str | None]:
 
 def show_api_error(exc: ApiError, *, what: str) -> None:
     """``what`` is the page's own wording (callers escape any user text in it); the API's
-    message quotes user input, so it is escaped here."""
+    message quotes user input, so it is escaped here. A 401 means the token was revoked or
+    expired since this run began: the session ends and the sign-in page says why."""
+    if exc.status == 401:
+        end_session(f"Your session has ended: the API no longer accepts its key ({md_escape(exc.detail)}). "
+                    "Sign in again.", token_refused=True)
+        st.rerun()
     where = f" — field {md_escape(exc.field)}" if exc.field else ""
     st.error(f"Could not {what}: {md_escape(exc.detail)}{where}", icon="⚠️")
 

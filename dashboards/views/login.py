@@ -3,12 +3,17 @@
 The API is the one the dashboard was started with (``ABLAB_API_URL``), or one of the
 operator's allow-list (``ABLAB_DASHBOARD_API_URLS``): never a URL a visitor types, which
 would turn this server into a proxy to anywhere.
+
+A good token starts a server-side session (``ablab.dashboards.session``); the browser gets
+only the session's cookie. The page's address (``?page=…&exp=…``) is left as it is, so a
+link that asked for sign-in opens once signed in.
 """
 
 from __future__ import annotations
 
 import streamlit as st
 
+from ablab.dashboards import session
 from ablab.dashboards.client import ApiClient, ApiError
 from ablab.dashboards.format import md_escape
 
@@ -17,6 +22,16 @@ def render(allowed: list[str]) -> None:
     st.title("ablab")
     st.caption("Online A/B experiments for LLM inference strategies")
     st.subheader("Sign in")
+    notice = st.session_state.get("_signin_notice")
+    if notice:
+        st.warning(notice, icon="🔒")
+    farewell = st.session_state.get("_signed_out")
+    if farewell:
+        st.info("Signed out.", icon="👋")
+        if isinstance(farewell, str) and session.store().pending(farewell):
+            # the session ended on the server already; this clears the browser's cookie (once)
+            st.iframe(session.script("DELETE", farewell, base_url_path=st.get_option("server.baseUrlPath")), height=1,
+                      alt="sign-out")
     st.write("Paste an API token. Create one with `ablab keys create --name you --scope editor` "
              "(viewers can read everything; editors and admins can also create and change experiments).")
     if len(allowed) > 1:
@@ -45,5 +60,13 @@ def render(allowed: list[str]) -> None:
         if who.get("scope") == "sdk":
             st.error("This is an SDK token: it can assign and send events, not read the dashboard. Use a viewer, editor or admin token.", icon="✋")
             return
-        st.session_state.update(api_url=url, token=token.strip(), user=who.get("name", "token"), scope=who.get("scope", "viewer"))
+        token, user, scope = token.strip(), str(who.get("name", "token")), str(who.get("scope", "viewer"))
+        store = session.store()
+        sid = store.create(api_url=url, token=token, user=user, scope=scope)
+        for key in ("_signin_notice", "_signed_out"):
+            st.session_state.pop(key, None)
+        stale = st.session_state.pop("_client", None)
+        if stale is not None:
+            stale.close()
+        st.session_state.update(api_url=url, token=token, user=user, scope=scope, _sid=sid, _handoff=store.handoff(sid))
         st.rerun()

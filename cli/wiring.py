@@ -19,6 +19,7 @@ from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
 
 if TYPE_CHECKING:  # imported when the app starts, so `ablab --help` never loads Kafka or chdb
+    from ablab.cli.backends import BackendStatus
     from ablab.streaming.analytics import AnalyticsStore
     from ablab.streaming.edge import KafkaIngest
 
@@ -40,7 +41,15 @@ def analytics_store(state: AppState) -> AnalyticsStore:
     return AnalyticsStore(settings, run_loader=run_loader, known_experiments=state.registered_experiments)
 
 
+def backend_status(state: AppState) -> BackendStatus:
+    """``GET /v1/backends``: the gateway's LLM backends, serving or why not (a wheel's build)."""
+    from ablab.cli.backends import BackendStatus
+
+    return BackendStatus(state.settings)
+
+
 def create_app(settings: Settings | None = None, *, extensions: list[Extension] | None = None) -> FastAPI:
-    """The full API: ingestion always, the analytics store when ``settings.analytics`` is on."""
+    """The full API: ingestion always, the analytics store when ``settings.analytics`` is on,
+    the backends' status always."""
     return create_control_plane(settings or get_settings(), ingest=kafka_ingest, analytics=analytics_store,
-                                extensions=extensions)
+                                extensions=[backend_status, *(extensions or [])])

@@ -11,6 +11,12 @@ component (``ports.Component``) names its own checks and metric families; this m
 gathers them. Its labels name experiments, variants and backends, which a deployment may not
 want public: with ``ABLAB_METRICS_AUTH`` a scrape needs the same bearer token as the
 read-only API (the app's own auth: an admin, editor or viewer key; 401/403 problems).
+
+``/v1/backends`` (viewer) says whether each LLM backend a gateway serves is answering, and
+if not why (a llama.cpp backend whose wheel is still building reports the build's
+progress): what the dashboard shows for an experiment that has no events yet. A component
+with a ``backends()`` method supplies the rows (``ablab.cli.backends``, wired by
+``ablab.cli.wiring``); without one the list is empty.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from prometheus_client.registry import Collector
 from pydantic import BaseModel
 
-from ablab.platform.api.deps import StateDep, require
+from ablab.platform.api.deps import StateDep, Viewer, require
 from ablab.platform.api.ports import Probe
 from ablab.platform.api.problems import problem, responses
 from ablab.platform.api.state import AppState
@@ -108,3 +114,34 @@ def metrics(state: StateDep) -> Response:
     components.register(ComponentCollector(state))
     body = generate_latest(state.metrics.registry) + generate_latest(components)
     return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
+class BackendState(BaseModel):
+    """One LLM backend: ``state`` is ``serving``, ``starting`` (installed, not answering
+    yet), ``building`` (its runtime is compiling; ``progress`` 0..1 when known),
+    ``failed``, ``not built`` or ``unreachable``; ``detail`` says it in words."""
+
+    name: str
+    kind: str
+    default: bool = False
+    state: str
+    progress: float | None = None
+    detail: str = ""
+
+
+class Backends(BaseModel):
+    items: list[BackendState]
+    checked_at: str | None = None  # ISO-8601 UTC time of the probes
+
+
+@router.get("/v1/backends", response_model=Backends, tags=["health"], responses=responses(Unauthorized, Forbidden))
+def backends(_: Viewer, state: StateDep) -> Backends:
+    items: list[BackendState] = []
+    checked_at = None
+    for component in state.components:
+        report = getattr(component, "backends", None)
+        if callable(report):
+            found = report()
+            items.extend(BackendState.model_validate(row) for row in found.get("items", []))
+            checked_at = found.get("checked_at") or checked_at
+    return Backends(items=items, checked_at=checked_at)

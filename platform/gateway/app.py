@@ -50,6 +50,13 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
                                  metrics=state.metrics, with_measures=state.with_measures,
                                  max_inflight=settings.shadow_max_inflight, inflight=state.inflight)
     state.shadows.open_clients()
+    from functools import partial
+
+    from ablab.platform.gateway.prompting import rewrite_request
+
+    # A shadow's strategy is rewritten as a variant's is (its prompt strategies included); their
+    # notes are filed under the shadow's own trace id and land in its event.
+    state.shadows.rewrite = partial(rewrite_request, state, events=1)
     return state
 
 

@@ -60,6 +60,9 @@ SHADOW_STATUS = "shadow"  # the primary's event: "sent" | "dropped" | None
 OUTPUT_TEXT = "output_text"  # the shadow's answer text, where the event schema has the field
 
 Record = Callable[[list[dict[str, Any]]], None]
+# The gateway's whole request rewrite (strategy → upstream body), for strategies that need
+# more than apply_strategy (its prompt strategies): (body, strategy, chat=, backend=, trace_id=).
+Rewrite = Callable[..., Awaitable[dict[str, Any]]]
 
 
 @lru_cache(maxsize=1)
@@ -208,6 +211,7 @@ class ShadowRunner:
         self._lock = threading.Lock()
         self._warned_schema = False
         self.last_answers: dict[str, str] = {}  # shadow trace id → answer text, the latest few (tests, debugging)
+        self.rewrite: Rewrite | None = None  # default: apply_strategy
 
     # -- choosing and reserving (on the primary's path: no I/O, no waiting) ------------------
 
@@ -295,8 +299,13 @@ class ShadowRunner:
             if self.problems(spec):
                 out.error = "strategy_unsupported"
                 return self._finish(job, backend, model, ts, out)
-            body = apply_strategy(job.body, spec.strategy, chat=job.chat, templates=self.templates,
-                                  compress=self.compress if "compression" in spec.strategy else None)
+            deadline = asyncio.get_running_loop().time() + spec.timeout_s  # one budget for the whole shadow
+            async with asyncio.timeout_at(deadline):  # the rewrite may ask the backend (a tokenizer)
+                if self.rewrite is not None:
+                    body = await self.rewrite(job.body, spec.strategy, chat=job.chat, backend=backend, trace_id=job.trace_id)
+                else:
+                    body = apply_strategy(job.body, spec.strategy, chat=job.chat, templates=self.templates,
+                                          compress=self.compress if "compression" in spec.strategy else None)
             stream = body.get("stream") is True
             translator = translator_for(backend.kind)
             body = translator.upstream_body(dict(body), stream=True) if stream else body
@@ -312,7 +321,7 @@ class ShadowRunner:
             entered = True
             out.inflight_at_start = self.inflight[backend.name]
             client = self._client(backend)
-            async with asyncio.timeout(spec.timeout_s):
+            async with asyncio.timeout_at(deadline):
                 await self._exchange(client, backend.url + job.endpoint, orjson.dumps(body), headers, stream, translator, out)
         except TimeoutError:
             out.error = out.error or "shadow_timeout"

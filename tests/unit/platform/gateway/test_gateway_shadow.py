@@ -263,3 +263,51 @@ def test_shadow_events_validate_against_the_schema(backend: ScriptedBackend, tmp
             if e["type"] == "inference":
                 assert isinstance(validate_event(e), InferenceEvent), validate_event(e)
         assert gw.state().outbox.refused == 0
+
+
+def test_a_rewrite_hook_serves_shadows_within_their_budget(backend: ScriptedBackend, tmp_path: Path) -> None:
+    """The gateway's whole rewrite (its prompt strategies, which may ask the backend) can serve
+    shadows too: it gets the shadow's own trace id, and its time counts in the shadow's timeout."""
+    import asyncio
+
+    with shadowed_gateway(backend.url, tmp_path, shadow({"model": "ok"}, timeout_s=0.5)) as gw:
+        calls = []
+
+        async def rewrite(body, strategy, *, chat, backend, trace_id):  # noqa: ANN001, ANN202
+            calls.append((trace_id, backend.name, dict(strategy)))
+            if body.get("user") == "slow":
+                await asyncio.sleep(2)
+            return {**body, "model": "reasoning"}
+
+        gw.state().shadows.rewrite = rewrite
+        r = chat(gw, "u1")
+        trace = r.headers["x-ablab-trace-id"]
+        wait_for(lambda: trace in inference(gw)[1])
+        s = inference(gw)[1][trace]
+        assert s["error"] is None and calls == [(s["trace_id"], "scripted", {"model": "ok"})]
+        assert next(b for h, b in reversed(backend.requests) if h.get("x-request-id") == s["trace_id"])["model"] == "reasoning"
+        r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "ok", "messages": MSGS, "user": "slow"}, timeout=10)
+        trace = r.headers["x-ablab-trace-id"]
+        wait_for(lambda: trace in inference(gw)[1])
+        s = inference(gw)[1][trace]
+        assert s["error"] == "shadow_timeout" and 450 <= s["e2e_ms"] < 1500
+
+
+def test_a_shadows_prompt_strategies_are_applied_and_noted_in_its_event(backend: ScriptedBackend, tmp_path: Path) -> None:
+    """The gateway rewrites a shadow's request with its whole rewrite, as a variant's: here
+    ``dialogue_state`` (slots instead of the history); its notes land in the shadow's event."""
+    convo = [{"role": "user", "content": "Hi, my name is Ada."}, {"role": "assistant", "content": "Hello Ada."},
+             {"role": "user", "content": "What is my name?"}]
+    strategy = {"dialogue_state": {"slots": {"name": r"(?i)my name is (\w+)"}}}
+    with shadowed_gateway(backend.url, tmp_path, shadow(strategy)) as gw:
+        r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "ok", "messages": convo},
+                       headers={"X-Ablab-Unit": "u1"}, timeout=10)
+        assert r.status_code == 200
+        trace = r.headers["x-ablab-trace-id"]
+        primary = next(b for h, b in reversed(backend.requests) if h.get("x-request-id") == trace)
+        assert primary["messages"] == convo  # the variant's own request: untouched
+        wait_for(lambda: trace in inference(gw)[1])
+        s = inference(gw)[1][trace]
+        sent = next(b for h, b in reversed(backend.requests) if h.get("x-request-id") == s["trace_id"])
+        assert sent["messages"][-1] == convo[-1] and len(sent["messages"]) == 2 and "name: Ada" in sent["messages"][0]["content"]
+        assert s["error"] is None and s["measures"]["ds_turns_in"] == 3 and s["measures"]["ds_turns_out"] == 1

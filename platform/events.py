@@ -63,6 +63,8 @@ SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
 MAX_EVENT_BYTES = 64 * 1024
 """Largest serialized event accepted (bytes of its JSON)."""
+MAX_OUTPUT_TEXT_CHARS = 8_192
+"""Longest answer text a (shadow) inference event carries: 32 KiB of UTF-8 at most."""
 MAX_JSON_DEPTH = 32
 """Deepest JSON nesting accepted in an event or an ingestion body (an event is 3 deep)."""
 
@@ -287,6 +289,11 @@ class InferenceEvent(_Assigned):
         description="Set on a shadow request's own event: the trace_id of the primary request it mirrored. Its "
                     "answer was never returned; it is compared with its primary, never counted in a variant.",
     )
+    output_text: Annotated[str, Field(max_length=MAX_OUTPUT_TEXT_CHARS)] | None = Field(
+        default=None,
+        description="A shadow's answer, for graders (its answer is never returned to the caller): at most "
+                    f"{MAX_OUTPUT_TEXT_CHARS:,} characters, so the event stays within {MAX_EVENT_BYTES // 1024} KiB.",
+    )
     shadow: Literal["sent", "dropped"] | None = Field(
         default=None,
         description="On a primary request chosen for shadowing: sent (a shadow was launched) or dropped (the "
@@ -297,6 +304,8 @@ class InferenceEvent(_Assigned):
     def _coherent_latencies(self) -> "InferenceEvent":
         if self.ttft_ms > self.e2e_ms:
             raise _field_error("ttft_ms", f"ttft_ms ({self.ttft_ms}) exceeds e2e_ms ({self.e2e_ms})")
+        if self.output_text is not None and self.shadow_of is None:
+            raise _field_error("output_text", "only a shadow's event carries its answer text")
         if self.shadow_of is not None and self.shadow is not None:
             raise _field_error("shadow", "a shadow request has no shadow of its own")
         if self.shadow_of is not None and self.shadow_of == self.trace_id:

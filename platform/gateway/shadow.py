@@ -44,6 +44,7 @@ from typing import Any
 import httpx
 import orjson
 
+from ablab.platform.events import MAX_OUTPUT_TEXT_CHARS
 from ablab.platform.gateway import protocol
 from ablab.platform.gateway.metering import Measurement, inference_event, strategy_id
 from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
@@ -53,7 +54,7 @@ from ablab.platform.gateway.translators import translator_for
 
 log = logging.getLogger(__name__)
 
-ANSWER_LIMIT_CHARS = 64 * 1024  # the answer's text kept for graders
+ANSWER_LIMIT_CHARS = MAX_OUTPUT_TEXT_CHARS  # the answer's text kept for graders: what its event may carry
 BODY_LIMIT_BYTES = 1024 * 1024  # a whole (non-streaming) body, or one SSE event, held at most
 SHADOW_OF = "shadow_of"  # the shadow's event: the primary's trace id
 SHADOW_STATUS = "shadow"  # the primary's event: "sent" | "dropped" | None

@@ -344,3 +344,16 @@ def test_a_heartbeat_is_no_event_and_no_event_is_a_heartbeat():
     refused = validate_event(beat)  # nobody may send one through the edge
     assert getattr(refused, "field", None) == "type"
     assert not is_heartbeat(beat[:-1] + b',"trace_id":"' + b"x" * 40 + b'"}')
+
+
+def test_only_a_shadow_carries_its_answer_text_and_within_the_event_limit():
+    from ablab.platform.events import MAX_EVENT_BYTES, MAX_OUTPUT_TEXT_CHARS, InferenceEvent
+
+    base = {"v": 1, "type": "inference", "ts": TS, "trace_id": "s-1", "experiment": "exp", "variant": "a",
+            "unit_id": "u", "ttft_ms": 1.0, "e2e_ms": 2.0, "prompt_tokens": 1, "output_tokens": 1, "device_s": 0.0,
+            "cost_usd": 0.0, "price_version": "p", "strategy": "s"}
+    longest = "\u00e9" * MAX_OUTPUT_TEXT_CHARS  # two bytes each in UTF-8
+    shadow = validate_event({**base, "shadow_of": "p-1", "output_text": longest})
+    assert isinstance(shadow, InferenceEvent) and len(shadow.to_json_bytes()) <= MAX_EVENT_BYTES
+    assert validate_event({**base, "shadow_of": "p-1", "output_text": longest + "x"}).field == "output_text"
+    assert validate_event({**base, "output_text": "the primary's answer is never recorded"}).field == "output_text"

@@ -219,7 +219,8 @@ def run_llm_traffic(
                     record = {"trace_id": trace, "unit_id": unit, "question": question, "output": text,
                               "answer": answers[0], "correct": int(correct), "served_at": time.time()}
                     if conversation is not None:
-                        record.update(workload=workload, asked=conversation.asked, turns=len(conversation.messages))
+                        record.update(workload=workload, asked=conversation.asked, turns=len(conversation.messages),
+                                      variant=ablab.get("variant"))
                     out.write(json.dumps(record) + "\n")
                     out.flush()
             time.sleep(min(rng.expovariate(rate), max(0.0, end - time.monotonic())))

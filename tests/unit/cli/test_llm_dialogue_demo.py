@@ -238,7 +238,7 @@ def test_dialogue_traffic_sends_whole_conversations_and_ledgers_their_grades(tmp
     assert [r["trace_id"] for r in records] == [f"t{i}" for i in range(1, 7)]
     assert [r["correct"] for r in records] == [0, 1, 0, 1, 0, 1]
     for r, (headers, body) in zip(records, gateway.requests):
-        assert r["workload"] == "dialogue" and r["turns"] == len(body["messages"])
+        assert r["workload"] == "dialogue" and r["turns"] == len(body["messages"]) and r["variant"] == "state-on"
         assert r["question"] == ASK[r["asked"]] and r["unit_id"] == headers["x-ablab-unit"]
     assert [(e["type"], e["trace_id"]) for e in sink.events] == [("rum", f"t{i}") for i in range(1, 7)]
     # the labeler posts each record's own grade by its trace id

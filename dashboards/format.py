@@ -22,7 +22,7 @@ METRIC_LABELS: dict[str, tuple[str, str]] = {
     "accuracy": ("Accuracy", "pct"),
     "cost_usd": ("Cost per request", "usd"),
     "cost_per_correct": ("Cost per correct answer", "usd"),
-    "goodput": ("Goodput (share meeting SLOs)", "pct"),
+    "goodput": ("Goodput (meets SLOs)", "pct"),
     "error_rate": ("Error rate", "pct"),
     "rum_e2e_ms": ("Client-side latency (RUM)", "ms"),
 }
@@ -143,6 +143,8 @@ def verdict(row: Mapping[str, Any], alpha: float) -> str:
 
 
 VERDICT_BADGES = {"better": "🟢 better", "worse": "🔴 worse", "flat": "⚪ no difference", "control": "control", "no data": "… no data"}
+VERDICT_HELP = ("Verdict: better or worse than the control on this metric at α, from the adjusted p-value and the "
+                "metric's direction; no difference: not significant (yet).")
 
 
 def ordered_metrics(names: Sequence[str]) -> list[str]:
@@ -152,31 +154,69 @@ def ordered_metrics(names: Sequence[str]) -> list[str]:
 
 
 def results_table(result: Mapping[str, Any]) -> pd.DataFrame:
-    """One display row per (metric, variant): formatted strings, ready for ``st.dataframe``."""
+    """The overview's table, one row per (metric, variant): formatted strings, narrow enough to
+    show whole beside the sidebar at 1,280 px (a click on a row opens the variant's details,
+    :func:`variant_table`, where the absolute difference and the estimate's interval are)."""
     alpha = float(result.get("alpha") or 0.05)
-    decisions = {d["variant"]: d["decision"] for d in result.get("decisions", [])}
     rows = result.get("metrics", [])
     order = {m: i for i, m in enumerate(ordered_metrics([r["metric"] for r in rows]))}
     out = []
     for r in sorted(rows, key=lambda r: order[r["metric"]]):
         m = r["metric"]
         is_control = r.get("method") == "control"
-        n = r.get("n")
-        coverage = r.get("coverage")
         out.append({
             "Metric": metric_label(m) + (" (custom)" if r.get("custom") else ""),
-            "Variant": r["variant"] + (" (control)" if is_control else ""),
-            "n": fmt_count(n) + (f" · {fmt_pct(coverage)} labeled" if m == "accuracy" and _finite(coverage) else ""),
+            "Variant": r["variant"],
+            "n": fmt_count(r.get("n")),
             "Estimate": fmt_value(m, r.get("estimate")),
-            "95% CI": fmt_interval(m, r.get("ci")),
-            "Difference": "—" if is_control else fmt_value(m, r.get("abs_diff"), signed=True),
-            "Relative": "—" if is_control else fmt_pct(r.get("rel_diff"), signed=True),
-            "Relative CI": "—" if is_control else _rel_ci(r.get("rel_ci")),
-            "p-value (adj.)": "—" if is_control else fmt_p(r.get("p_value_adjusted", r.get("p_value"))),
+            "Relative (95% CI)": "—" if is_control else fmt_rel_with_ci(r.get("rel_diff"), r.get("rel_ci")),
+            "p (adj.)": "—" if is_control else fmt_p(_adjusted_p(r)),
             "Verdict": VERDICT_BADGES[verdict(r, alpha)],
-            "Decision": "—" if is_control else DECISION_BADGES.get(decisions.get(r["variant"], ""), "—"),
         })
-    return pd.DataFrame(out)
+    return pd.DataFrame(out, columns=["Metric", "Variant", "n", "Estimate", "Relative (95% CI)", "p (adj.)", "Verdict"])
+
+
+def _adjusted_p(row: Mapping[str, Any]) -> Any:
+    p = row.get("p_value_adjusted")
+    return p if _finite(p) else row.get("p_value")
+
+
+def fmt_rel_with_ci(rel: Any, ci: Sequence[Any] | None) -> str:
+    """``-18.2% [-21.3, -15.0]``: the relative difference and its interval, in percent."""
+    if not _finite(rel):
+        return "—"
+    if not ci or len(ci) != 2 or not (_finite(ci[0]) and _finite(ci[1])):
+        return fmt_pct(rel, signed=True)
+    return f"{fmt_pct(rel, signed=True)} [{ci[0] * 100:+.1f}, {ci[1] * 100:+.1f}]"
+
+
+def variant_table(result: Mapping[str, Any], variant: str) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Every metric of one variant, as two tables that each fit: its own numbers (n, estimate
+    with its interval, the control's estimate) and the comparison (absolute and relative
+    difference, adjusted p-value, verdict; empty for the control)."""
+    alpha = float(result.get("alpha") or 0.05)
+    rows = result.get("metrics", [])
+    control = {r["metric"]: r for r in rows if r.get("method") == "control"}
+    mine = [r for r in rows if r["variant"] == variant]
+    order = {m: i for i, m in enumerate(ordered_metrics([r["metric"] for r in mine]))}
+    numbers, comparison = [], []
+    for r in sorted(mine, key=lambda r: order[r["metric"]]):
+        m = r["metric"]
+        label = metric_label(m) + (" (custom)" if r.get("custom") else "")
+        is_control = r.get("method") == "control"
+        numbers.append({
+            "Metric": label, "n": fmt_count(r.get("n")), "Estimate": fmt_value(m, r.get("estimate")),
+            "95% CI": fmt_interval(m, r.get("ci")),
+            "Control": fmt_value(m, (control.get(m) or {}).get("estimate")),
+        })
+        if not is_control:
+            comparison.append({
+                "Metric": label, "Difference": fmt_value(m, r.get("abs_diff"), signed=True),
+                "Relative (95% CI)": fmt_rel_with_ci(r.get("rel_diff"), r.get("rel_ci")),
+                "p (adj.)": fmt_p(_adjusted_p(r)), "Verdict": VERDICT_BADGES[verdict(r, alpha)],
+            })
+    return (pd.DataFrame(numbers, columns=["Metric", "n", "Estimate", "95% CI", "Control"]),
+            pd.DataFrame(comparison, columns=["Metric", "Difference", "Relative (95% CI)", "p (adj.)", "Verdict"]))
 
 
 def _rel_ci(ci: Sequence[Any] | None) -> str:
@@ -209,9 +249,14 @@ def guardrail_table(result: Mapping[str, Any]) -> pd.DataFrame:
         "Threshold": (fmt_pct(g["threshold"]) if g.get("relative") else fmt_value(g["metric"], g.get("threshold"))),
         "Status": GUARDRAIL_BADGES.get(g.get("status", ""), g.get("status", "")),
         "Auto-pause": "yes" if g.get("pause") else "no",
-        "Why": g.get("reason", ""),
     } for g in result.get("guardrails", [])]
     return pd.DataFrame(rows)
+
+
+def guardrail_reasons(result: Mapping[str, Any], *, variant: str | None = None) -> list[str]:
+    """Why each guardrail stands where it does (one line each, user text left unescaped)."""
+    return [f"{g['variant']} · {metric_label(g['metric'])}: {g.get('reason', '')}"
+            for g in result.get("guardrails", []) if variant is None or g["variant"] == variant]
 
 
 def experiments_table(items: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
@@ -224,9 +269,8 @@ def experiments_table(items: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
         "Variants": len(e.get("variants", [])),
         "Layer": e.get("layer") or "—",
         "Started": _date(e.get("started_at")),
-        "Updated": _date(e.get("updated_at")),
     } for e in items]
-    return pd.DataFrame(rows, columns=["Key", "Name", "Status", "Owner", "Traffic", "Variants", "Layer", "Started", "Updated"])
+    return pd.DataFrame(rows, columns=["Key", "Name", "Status", "Owner", "Traffic", "Variants", "Layer", "Started"])
 
 
 def _date(value: Any) -> str:
@@ -284,8 +328,8 @@ def power_table(result: Mapping[str, Any]) -> pd.DataFrame:
         progress = min(1.0, n / needed) if _finite(n) and _finite(needed) and needed > 0 else None
         out.append({
             "Metric": metric_label(r["metric"]), "Variant": r["variant"],
-            "MDE (relative)": fmt_pct(power.get("mde_rel")),
-            "Units per variant": fmt_count(n), "Needed": fmt_count(needed),
+            "MDE": fmt_pct(power.get("mde_rel")),
+            "Units": fmt_count(n), "Needed": fmt_count(needed),
             "Progress": fmt_pct(progress, digits=0),
             "Time to decision": fmt_duration(power.get("seconds_to_decision")) if _finite(power.get("seconds_to_decision"))
             else ("reached" if progress == 1.0 else "unknown (no traffic rate yet)"),
@@ -312,3 +356,150 @@ def segment_tables(result: Mapping[str, Any]) -> list[tuple[str, pd.DataFrame, p
         } for h in seg.get("heterogeneity") or []])
         out.append((dimension, rows, het))
     return out
+
+
+# -- variants, segments and custom metrics views ----------------------------------------------
+def strategy_changes(strategy: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The factors a strategy sets away from ``baseline`` (default: the runtime's defaults),
+    flat (``compression.method``), in the strategy's order."""
+    from ablab.platform.strategy import Strategy, open_strategy
+
+    mine = open_strategy(strategy).factors()
+    base = open_strategy(baseline).factors() if baseline is not None else Strategy().factors()
+    return {k: v for k, v in mine.items() if base.get(k) != v}
+
+
+def _level(value: Any) -> str:
+    return "—" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def variants_table(exp: Mapping[str, Any], result: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per variant: share of traffic, units and requests so far, what its strategy
+    changes, the decision."""
+    total = sum(float(v.get("weight") or 0) for v in exp.get("variants") or []) or 1.0
+    observed = (result.get("srm") or {}).get("observed") or {}
+    requests = {r["variant"]: r.get("n") for r in result.get("metrics", []) if r["metric"] == "e2e_ms"}
+    decisions = {d["variant"]: d["decision"] for d in result.get("decisions", [])}
+    rows = []
+    for v in exp.get("variants") or []:
+        key = v["key"]
+        changes = strategy_changes(v.get("strategy"))
+        status = "control" if key == exp.get("control") else DECISION_BADGES.get(decisions.get(key, ""), "—")
+        rows.append({
+            "Variant": key + (" ⏸ paused" if v.get("paused") else ""),
+            "Weight": fmt_pct(float(v.get("weight") or 0) / total, digits=0),
+            "Units": fmt_count(observed.get(key)),
+            "Requests": fmt_count(requests.get(key)),
+            "Decision": status,
+            "Strategy": ", ".join(f"{k}={_level(val)}" for k, val in changes.items()) or "baseline",
+        })
+    return pd.DataFrame(rows, columns=["Variant", "Weight", "Units", "Requests", "Decision", "Strategy"])
+
+
+def strategy_table(exp: Mapping[str, Any], variant: str) -> pd.DataFrame:
+    """The factors a variant sets away from the defaults, beside the control's level."""
+    by_key = {v["key"]: v for v in exp.get("variants") or []}
+    mine = by_key[variant].get("strategy")
+    control = by_key.get(str(exp.get("control")), {}).get("strategy")
+    from ablab.platform.strategy import open_strategy
+
+    control_levels = open_strategy(control).factors()
+    changed = {**strategy_changes(mine), **strategy_changes(mine, control)}
+    rows = [{"Factor": k, "This variant": _level(v), "Control": _level(control_levels.get(k))} for k, v in changed.items()]
+    return pd.DataFrame(rows, columns=["Factor", "This variant", "Control"])
+
+
+def segment_values_table(segment: Mapping[str, Any], metric: str) -> pd.DataFrame:
+    """One row per (segment value, variant) for one metric; control rows carry the estimate only."""
+    rows = []
+    for r in segment.get("rows") or []:
+        if str(r.get("metric")) != metric:
+            continue
+        treated = r.get("rel_diff") is not None or r.get("p_value") is not None
+        rows.append({
+            "Segment": str(r.get("value")), "Variant": str(r.get("variant")), "n": fmt_count(r.get("n")),
+            "Estimate": fmt_value(metric, r.get("estimate")),
+            "Relative (95% CI)": fmt_rel_with_ci(r.get("rel_diff"), r.get("rel_ci")) if treated else "—",
+            "p (adj.)": fmt_p(_adjusted_p(r)) if treated else "—",
+        })
+    return pd.DataFrame(rows, columns=["Segment", "Variant", "n", "Estimate", "Relative (95% CI)", "p (adj.)"])
+
+
+def segment_detail_table(segment: Mapping[str, Any], value: str) -> pd.DataFrame:
+    """Every metric and variant within one segment value."""
+    rows = [r for r in segment.get("rows") or [] if str(r.get("value")) == value]
+    order = {m: i for i, m in enumerate(ordered_metrics([str(r.get("metric")) for r in rows]))}
+    out = []
+    for r in sorted(rows, key=lambda r: order[str(r.get("metric"))]):
+        metric = str(r.get("metric"))
+        treated = r.get("rel_diff") is not None or r.get("p_value") is not None
+        out.append({
+            "Metric": metric_label(metric), "Variant": str(r.get("variant")), "n": fmt_count(r.get("n")),
+            "Estimate": fmt_value(metric, r.get("estimate")),
+            "Difference": fmt_value(metric, r.get("abs_diff"), signed=True) if treated else "—",
+            "Relative (95% CI)": fmt_rel_with_ci(r.get("rel_diff"), r.get("rel_ci")) if treated else "—",
+            "p (adj.)": fmt_p(_adjusted_p(r)) if treated else "—",
+        })
+    return pd.DataFrame(out, columns=["Metric", "Variant", "n", "Estimate", "Difference", "Relative (95% CI)", "p (adj.)"])
+
+
+def heterogeneity_table(segment: Mapping[str, Any]) -> pd.DataFrame:
+    """Per (metric, treatment): Cochran's Q across the segment values and whether it is flagged."""
+    return pd.DataFrame([{
+        "Metric": metric_label(str(h.get("metric"))), "Variant": str(h.get("variant")),
+        "Q": f"{h['q']:.3g}" if _finite(h.get("q")) else "—", "df": fmt_count(h.get("df")),
+        "p-value": fmt_p(h.get("p_value")),
+        "Effect differs": "🚩 yes" if h.get("flagged") else "no",
+    } for h in segment.get("heterogeneity") or []], columns=["Metric", "Variant", "Q", "df", "p-value", "Effect differs"])
+
+
+_AGGREGATIONS = {"request": "per request (Σ value ÷ Σ requests, delta method)",
+                 "unit_mean": "per unit: each unit's mean (Welch over units with a value)",
+                 "unit_sum": "per unit: each unit's total (Welch over all units)"}
+
+
+def custom_definition(metric: Mapping[str, Any], *, mde: Any = None, lower_is_better: bool | None = None) -> list[tuple[str, str]]:
+    """A custom metric's definition (``metrics.custom[i]``) as (field, value) lines, in words;
+    ``lower_is_better``: the direction the results resolved when the definition leaves it out."""
+    kind = str(metric.get("type", "mean"))
+    if kind == "ratio":
+        scale = metric.get("scale")
+        formula = f"Σ {metric.get('numerator')} ÷ Σ {metric.get('denominator')}" + (f" × {scale:g}" if _finite(scale) and scale != 1 else "")
+    elif kind == "quantile":
+        q = metric.get("quantile")
+        formula = f"p{q * 100:g} of {metric.get('column')}" if _finite(q) else f"a quantile of {metric.get('column')}"
+    elif kind == "proportion":
+        formula = f"share of requests where {metric.get('column')} = 1"
+    else:
+        formula = f"mean of {metric.get('column')}"
+    lower = metric.get("lower_is_better")
+    if lower is None and metric.get("direction") in ("lower", "higher"):
+        lower = metric.get("direction") == "lower"
+    given = lower is not None
+    lower = lower if given else lower_is_better
+    direction = "—" if lower is None else ("lower is better" if lower else "higher is better") + ("" if given else " (its source's default)")
+    lines = [("Type", kind), ("Computes", formula),
+             ("Aggregation", _AGGREGATIONS.get(str(metric.get("aggregation") or "request"), str(metric.get("aggregation")))),
+             ("Direction", direction)]
+    cuped = metric.get("cuped")
+    if isinstance(cuped, Mapping) and cuped.get("covariate"):
+        lines.append(("CUPED", f"adjusted by {cuped['covariate']}"))
+    if _finite(mde):
+        lines.append(("MDE", fmt_pct(mde)))
+    return lines
+
+
+def custom_metric_table(result: Mapping[str, Any], name: str) -> pd.DataFrame:
+    """One custom metric's numbers per variant (narrow: it stands beside the definition)."""
+    alpha = float(result.get("alpha") or 0.05)
+    out = []
+    for r in result.get("metrics", []):
+        if r["metric"] != name:
+            continue
+        is_control = r.get("method") == "control"
+        out.append({
+            "Variant": r["variant"], "Estimate": fmt_value(name, r.get("estimate")),
+            "Relative (95% CI)": "—" if is_control else fmt_rel_with_ci(r.get("rel_diff"), r.get("rel_ci")),
+            "Verdict": VERDICT_BADGES[verdict(r, alpha)],
+        })
+    return pd.DataFrame(out, columns=["Variant", "Estimate", "Relative (95% CI)", "Verdict"])

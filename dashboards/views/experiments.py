@@ -1,10 +1,12 @@
-"""The experiments list: status, owner, traffic, start date; filters and search."""
+"""The experiments list: status, owner, traffic, start date; filters and search. A click on a
+row opens that experiment's results."""
 
 from __future__ import annotations
 
 import streamlit as st
 
 from ablab.dashboards.format import experiments_table, md_escape
+from ablab.dashboards.views import tables
 from ablab.dashboards.views.common import Context, call, goto
 
 STATUSES = ("any", "draft", "running", "paused", "stopped")
@@ -34,11 +36,13 @@ def render(ctx: Context) -> None:
         else:
             st.info("No experiments yet. Ask an editor to create one; they will show up here.", icon="🧪")
         return
-    st.caption(f"{page['total']} experiment{'s' if page['total'] != 1 else ''}")
-    st.dataframe(experiments_table(items), hide_index=True, width="stretch")
+    st.caption(f"{page['total']} experiment{'s' if page['total'] != 1 else ''} · click a row to open its results")
+    picked = tables.show(experiments_table(items), key="list_table", open_rows=True, flex=("Name",))
+    if picked is not None and picked < len(items):
+        goto("results", items[picked]["key"])
     keys = [e["key"] for e in items]
     pick, open_results, open_edit = st.columns([3, 1, 1])
-    chosen = pick.selectbox("Open", keys, key="list_pick")
+    chosen = pick.selectbox("Or pick one", keys, key="list_pick")
     if open_results.button("📊 Results", key="list_results"):
         goto("results", chosen)
     if open_edit.button("⚙️ Details" if not ctx.can_edit else "✏️ Edit", key="list_edit"):

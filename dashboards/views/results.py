@@ -1,6 +1,16 @@
-"""Results at a glance: decisions, SRM, guardrails, the per-variant table (custom metrics
-included), CUPED, power, segments, live windows, latency distributions, the Pareto
-trade-off and the factor attribution."""
+"""An experiment's results: four views of one page (``?page=results&exp=K&view=…``).
+
+- **Overview**: the live parts (when the numbers were computed, the 10 s window count, units
+  and decisions per variant, the per-variant table, the window chart) refresh on their own
+  at the chosen interval (:mod:`ablab.dashboards.views.live`); below them guardrails, CUPED,
+  power, a pointer to flagged segments, latency distributions, the Pareto trade-off and the
+  factor attribution. A click on a table row opens that variant's details.
+- **Variants** (:mod:`.variants`), **Segments** (:mod:`.segments`) and **Custom metrics**
+  (:mod:`.custom_metrics`).
+
+An experiment without events says why it waits (not started; its backend still building,
+with the build's progress) instead of showing empty tables.
+"""
 
 from __future__ import annotations
 
@@ -12,14 +22,15 @@ import streamlit as st
 from ablab.dashboards import charts
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import (
-    DECISION_BADGES, STATUS_BADGES, cuped_table, fmt_count, fmt_p, fmt_pct, fmt_value, guardrail_table, md_escape,
-    metric_label, power_table, results_csv, results_table, segment_tables,
+    DECISION_BADGES, STATUS_BADGES, VERDICT_HELP, cuped_table, fmt_count, fmt_p, fmt_pct, fmt_value,
+    guardrail_reasons, guardrail_table, md_escape, metric_label, power_table, results_csv, results_table,
 )
+from ablab.dashboards.views import custom_metrics, live, segments, tables, variants
 from ablab.dashboards.views.common import Context, goto, show_api_error
+from ablab.dashboards.views.nav import VIEWS, address, open_view, view_params
 
 SERIES_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "accuracy", "cost_usd", "error_rate", "e2e_ms_p95", "ttft_ms_p95")
 DISTRIBUTION_METRICS = ("e2e_ms_p50", "e2e_ms_p95", "e2e_ms_p99")
-REFRESH_S = 10
 
 
 def _fetch(fn: Any, *args: Any, **kw: Any) -> tuple[Any, ApiError | None]:
@@ -29,7 +40,7 @@ def _fetch(fn: Any, *args: Any, **kw: Any) -> tuple[Any, ApiError | None]:
         return None, exc
 
 
-def _has_data(result: dict[str, Any]) -> bool:
+def _has_data(result: Any) -> bool:
     return any((r.get("n") or 0) > 0 for r in result.get("metrics", []))
 
 
@@ -45,8 +56,10 @@ def render(ctx: Context, key: str | None) -> None:
     archived = " · 🗄️ archived" if exp.get("archived_at") else ""
     st.caption(f"{md_escape(exp['key'])} · {STATUS_BADGES.get(exp['status'], md_escape(exp['status']))}{archived} · "
                f"control {md_escape(exp['control'])} · unit {md_escape(exp['unit'])} · traffic {fmt_pct(exp['traffic'], digits=0)}")
-    if st.button("⚙️ Experiment settings", key="res_settings"):
+    left, right = st.columns([3, 2], vertical_alignment="bottom")
+    if left.button("⚙️ Experiment settings", key="res_settings"):
         goto("edit", key)
+    every = live.refresh_control(right)
     result, err = _fetch(ctx.client.results, key)
     if err:
         if err.status == 503:
@@ -55,26 +68,90 @@ def render(ctx: Context, key: str | None) -> None:
             show_api_error(err, what="load results")
         return
     if not _has_data(result):
-        hint = "Start it on the settings page" if exp["status"] == "draft" else "Events appear within a few seconds of arriving"
-        st.info(f"No events for this experiment yet. {hint}; inference services send events through the SDK or `POST /v1/events`.", icon="⏳")
+        live.waiting(ctx.client, exp, every=every,
+                     has_data=lambda: _has_data(_fetch(ctx.client.results, key)[0] or {"metrics": []}))
         return
-    _banners(result)
-    _decisions(result)
-    _table(result, key)
+    view, params = _nav(key, left)
+    if view == "variants":
+        variants.render(ctx, exp, result, params.get("variant"))
+    elif view == "segments":
+        segments.render(exp, result, params.get("dim"), params.get("value"))
+    elif view == "metrics":
+        custom_metrics.render(exp, result)
+    else:
+        _overview(ctx, exp, result, every)
+
+
+def _nav(key: str, where: Any) -> tuple[str, dict[str, str]]:
+    """The view switch, kept in step with the URL (a row click changes the URL, then reruns)."""
+    view, params = view_params()
+    if st.session_state.get("res_view") != view:
+        st.session_state["res_view"] = view
+
+    def switched() -> None:
+        chosen = st.session_state.get("res_view") or view  # a click on the current view deselects it
+        st.session_state["res_view"] = chosen
+        address(key, chosen)
+
+    where.segmented_control("View", list(VIEWS), format_func=VIEWS.get, key="res_view", on_change=switched)
+    return view, params
+
+
+# -- overview --------------------------------------------------------------------------------
+def _overview(ctx: Context, exp: dict[str, Any], result: Any, every: float | None) -> None:
+    key = exp["key"]
+    first = {"result": result}  # the full run's fetch; a fragment rerun fetches its own
+
+    def draw() -> None:
+        current = first.pop("result", None)
+        if current is None:
+            current, err = _fetch(ctx.client.results, key)
+            if err and err.status == 401:
+                st.rerun()  # the whole page: it checks the session and signs out a refused token
+            if err:
+                st.warning(f"Could not refresh the results: {md_escape(err.detail)}", icon="⚠️")
+                return
+        _live(ctx, key, current, every)
+
+    live.run_live(draw, every)
+    _downloads_and_estimates(result, key)
     _guardrails(result)
     _cuped(result)
     _power(result)
-    _segments(result)
-    _live(ctx, key)
+    _segments_pointer(key, result)
     _distributions(ctx, key, result)
     _attribution(ctx, key)
 
 
-def _banners(result: dict[str, Any]) -> None:
+def _live(ctx: Context, key: str, result: Any, every: float | None) -> None:
+    computed = live.now_utc()
+    st.subheader("Live: units, decisions and 10-second windows")
+    c1, c2 = st.columns([2, 1])
+    metric = c1.selectbox("Window metric", SERIES_METRICS, key="res_series_metric", format_func=metric_label)
+    cumulative = c2.toggle("Running total", value=True, key="res_cumulative", help="Off: each window on its own.")
+    series, series_err = _fetch(ctx.client.timeseries, key, metric=metric)
+    count, latest = live.window_count(series) if series else (0, None)
+    refresh = f"refreshes every {every:.0f} s" if every else "auto-refresh off"
+    st.markdown(f"Computed at **{computed} UTC** · **{count} windows** of 10 s, the latest from "
+                f"**{live.fmt_window(latest)}** · {refresh}")
+    _banners(result)
+    _decisions(result)
+    _table(result, key)
+    if series_err:
+        st.warning(f"No window series: {md_escape(series_err.detail)}")
+    elif not count:
+        st.info("No 10 s windows yet: the stream job writes one per variant every 10 seconds once events flow.")
+    else:
+        if metric.endswith(("_p95", "_p99", "_p50")) and cumulative:
+            st.caption("Window percentiles do not merge, so this shows each window's own value.")
+        st.altair_chart(charts.timeseries_chart(series, cumulative=cumulative), width="stretch")
+
+
+def _banners(result: Any) -> None:
     srm = result.get("srm") or {}
     if srm.get("flagged"):
-        obs = ", ".join(f"{k}: {fmt_count(v)}" for k, v in (srm.get("observed") or {}).items())
-        exp = ", ".join(f"{k}: {fmt_count(v)}" for k, v in (srm.get("expected") or {}).items())
+        obs = ", ".join(f"{md_escape(k)}: {fmt_count(v)}" for k, v in (srm.get("observed") or {}).items())
+        exp = ", ".join(f"{md_escape(k)}: {fmt_count(v)}" for k, v in (srm.get("expected") or {}).items())
         st.error(f"**Sample ratio mismatch** (p = {fmt_p(srm.get('p_value'))}): units per variant are not what the weights "
                  f"promise (observed {obs}; expected {exp}). Results are not trustworthy until the split is fixed.", icon="🚨")
     else:
@@ -87,79 +164,90 @@ def _banners(result: dict[str, Any]) -> None:
     st.caption(f"α = {result.get('alpha')}, {method}; multiple-comparison correction: {inf.get('correction', 'holm')}.")
 
 
-def _decisions(result: dict[str, Any]) -> None:
-    decisions = result.get("decisions") or []
-    if not decisions:
+def _units(result: Any) -> dict[str, Any]:
+    observed = (result.get("srm") or {}).get("observed") or {}
+    requests = {r["variant"]: r.get("n") for r in result.get("metrics", []) if r["metric"] == "e2e_ms"}
+    return {v: (observed.get(v), requests.get(v)) for v in dict.fromkeys([*observed, *requests])}
+
+
+def _decisions(result: Any) -> None:
+    decisions = {d["variant"]: d for d in result.get("decisions") or []}
+    units = _units(result)
+    arms = [result.get("control"), *decisions] if result.get("control") in units else list(decisions)
+    if not arms:
         return
-    cols = st.columns(len(decisions))
-    for col, d in zip(cols, decisions):
+    for col, variant in zip(st.columns(len(arms)), arms):
         with col.container(border=True):
-            st.markdown(f"**{md_escape(d['variant'])}** vs control")
-            st.markdown(f"### {DECISION_BADGES.get(d['decision'], d['decision'])}")
-            for reason in d.get("reasons", [])[:4]:
+            unit_n, requests = units.get(variant, (None, None))
+            d = decisions.get(variant)
+            st.markdown(f"**{md_escape(variant)}**" + (" vs control" if d else " (control)"))
+            st.markdown(f"#### {DECISION_BADGES.get(d['decision'], md_escape(d['decision'])) if d else '—'}")
+            st.caption(f"{fmt_count(unit_n)} units · {fmt_count(requests)} requests")
+            for reason in (d.get("reasons", []) if d else [])[:3]:
                 st.caption(md_escape(reason))
 
 
-def _table(result: dict[str, Any], key: str) -> None:
+def _table(result: Any, key: str) -> None:
     st.subheader("Per-variant results")
+    st.caption("Click a row for that variant's details: every metric with its interval, the absolute difference, "
+               "its strategy and guardrails.")
     table = results_table(result)
     metric_names = list(dict.fromkeys(table["Metric"]))
     shown = st.multiselect("Metrics", metric_names, default=metric_names[:7], key="res_metrics")
-    st.dataframe(table[table["Metric"].isin(shown)], hide_index=True, width="stretch")
+    visible = table[table["Metric"].isin(shown)].reset_index(drop=True)
+    picked = tables.show(visible, key="res_table", open_rows=True, flex=("Metric",), help={"Verdict": VERDICT_HELP})
+    if picked is not None and picked < len(visible):
+        open_view(key, "variants", variant=str(visible.loc[picked, "Variant"]))
+
+
+def _downloads_and_estimates(result: Any, key: str) -> None:
     st.download_button("⬇️ Download CSV", results_csv(result), file_name=f"{key}-results.csv", mime="text/csv", key="res_csv")
     cov = (result.get("coverage") or {}).get("by_variant") or {}
     if cov:
-        st.caption("Label coverage: " + " · ".join(f"{v}: {fmt_pct(c.get('coverage'))} of {fmt_count(c.get('requests'))} requests labeled"
+        st.caption("Label coverage: " + " · ".join(f"{md_escape(v)}: {fmt_pct(c.get('coverage'))} of {fmt_count(c.get('requests'))} requests labeled"
                                                    for v, c in cov.items()))
     st.altair_chart(charts.estimates_chart(result, ("e2e_ms", "e2e_ms_p95", "ttft_ms", "ttft_ms_p95")), width="content")
 
 
-def _cuped(result: dict[str, Any]) -> None:
+def _cuped(result: Any) -> None:
     table = cuped_table(result)
     if table.empty:
         return
     st.subheader("Variance reduction (CUPED)")
     st.caption("Each adjusted comparison beside the unadjusted one; θ is the covariate's regression weight, "
                "the variance reduction how much narrower the adjustment made the interval's variance.")
-    st.dataframe(table, hide_index=True, width="stretch")
+    tables.show(table, key="res_cuped")
     st.altair_chart(charts.cuped_chart(result), width="stretch")
 
 
-def _power(result: dict[str, Any]) -> None:
+def _power(result: Any) -> None:
     table = power_table(result)
     if table.empty:
         return
     st.subheader("Power: how long until a decision")
-    st.caption("Randomization units needed per variant to detect the metric's minimum detectable effect "
-               "(set per metric under analysis.mde; 5 % by default), and the time the current traffic takes to get there.")
-    st.dataframe(table, hide_index=True, width="stretch")
+    st.caption("Needed: randomization units per variant to detect the metric's minimum detectable effect (MDE, "
+               "relative; set per metric under analysis.mde, 5 % by default); Units: the smaller arm's so far; "
+               "Time to decision: how long the current traffic takes to get there.")
+    tables.show(table, key="res_power", flex=("Time to decision",))
 
 
-def _segments(result: dict[str, Any]) -> None:
-    segments = result.get("segments") or []
-    if not segments:
+def _segments_pointer(key: str, result: Any) -> None:
+    segs = result.get("segments") or []
+    if not segs:
         return
+    flagged = [(s.get("dimension"), h) for s in segs for h in s.get("heterogeneity") or [] if h.get("flagged")]
     st.subheader("Segments")
-    st.caption("Effects per segment, p-values corrected across segments; 🚩 marks a treatment whose effect "
-               "differs between segments (heterogeneity test).")
-    tables = segment_tables(result)
-    tabs = st.tabs([md_escape(dimension) for dimension, _, _ in tables])
-    for tab, seg, (dimension, rows, het) in zip(tabs, segments, tables):
-        with tab:
-            flagged = [h for h in seg.get("heterogeneity") or [] if h.get("flagged")]
-            if flagged:
-                names = ", ".join(f"{md_escape(metric_label(str(h.get('metric'))))} ({md_escape(h.get('variant'))})" for h in flagged)
-                st.warning(f"The effect differs by {md_escape(dimension)}: {names}.", icon="🚩")
-            metrics = list(dict.fromkeys(str(r.get("metric")) for r in seg.get("rows") or []))
-            if metrics:
-                metric = st.selectbox("Metric", metrics, key=f"res_seg_{dimension}", format_func=metric_label)
-                st.altair_chart(charts.segment_chart(seg, metric), width="stretch")
-            st.dataframe(rows, hide_index=True, width="stretch")
-            if not het.empty:
-                st.dataframe(het, hide_index=True, width="stretch")
+    if flagged:
+        names = ", ".join(f"{md_escape(metric_label(str(h.get('metric'))))} of {md_escape(h.get('variant'))} by "
+                          f"{md_escape(d)}" for d, h in flagged[:6])
+        st.warning(f"The effect differs between segments: {names}.", icon="🚩")
+    else:
+        st.caption("No effect differs significantly between segments.")
+    if st.button("Open the segments view", key="res_open_segments"):
+        open_view(key, "segments")
 
 
-def _guardrails(result: dict[str, Any]) -> None:
+def _guardrails(result: Any) -> None:
     st.subheader("Guardrails")
     table = guardrail_table(result)
     if table.empty:
@@ -168,48 +256,25 @@ def _guardrails(result: dict[str, Any]) -> None:
     breaches = (table["Status"] == "🔴 breach").sum()
     if breaches:
         st.error(f"{breaches} guardrail breach{'es' if breaches > 1 else ''}.", icon="🚧")
-    st.dataframe(table, hide_index=True, width="stretch")
+    tables.show(table, key="res_guardrails")
+    with st.expander("Why each guardrail stands where it does"):
+        for line in guardrail_reasons(result):
+            st.caption(md_escape(line))
 
 
-def _live(ctx: Context, key: str) -> None:
-    st.subheader("Live: 10-second windows")
-    c1, c2, c3 = st.columns([2, 1, 1])
-    metric = c1.selectbox("Metric", SERIES_METRICS, key="res_series_metric", format_func=metric_label)
-    cumulative = c2.toggle("Running total", value=True, key="res_cumulative", help="Off: each window on its own.")
-    auto = c3.toggle(f"Auto-refresh ({REFRESH_S} s)", value=True, key="res_auto")
-
-    def draw() -> None:
-        series, err = _fetch(ctx.client.timeseries, key, metric=metric)
-        if err:
-            st.warning(f"No window series: {md_escape(err.detail)}")
-            return
-        if not any(s.get("points") for s in series.get("series", [])):
-            st.info("No 10 s windows yet: the stream job writes one per variant every 10 seconds once events flow.")
-            return
-        if metric.endswith(("_p95", "_p99", "_p50")) and cumulative:
-            st.caption("Window percentiles do not merge, so this shows each window's own value.")
-        st.altair_chart(charts.timeseries_chart(series, cumulative=cumulative), width="stretch")
-        last = max((p["ts"] for s in series["series"] for p in s["points"]), default=None)
-        st.caption(f"Latest window: {last} UTC")
-
-    if auto:
-        st.fragment(draw, run_every=REFRESH_S)()
-    else:
-        draw()
-
-
-def _distributions(ctx: Context, key: str, result: dict[str, Any]) -> None:
+def _distributions(ctx: Context, key: str, result: Any) -> None:
     st.subheader("Latency distributions")
     frames = {}
     for metric in DISTRIBUTION_METRICS:
-        series, err = _fetch(ctx.client.timeseries, key, metric=metric)
+        series, _ = _fetch(ctx.client.timeseries, key, metric=metric)
         if series and any(s.get("points") for s in series.get("series", [])):
             frames[metric] = series
     if frames:
         st.altair_chart(charts.latency_distribution_chart(frames), width="content")
     rows = {r["variant"]: r for r in result.get("metrics", []) if r["metric"] == "e2e_ms_p95"}
     if rows:
-        st.caption("Whole-experiment p95: " + " · ".join(f"{v}: {fmt_value('e2e_ms_p95', r.get('estimate'))}" for v, r in rows.items()))
+        st.caption("Whole-experiment p95: " + " · ".join(f"{md_escape(v)}: {fmt_value('e2e_ms_p95', r.get('estimate'))}"
+                                                         for v, r in rows.items()))
     elif not frames:
         st.info("No latency windows yet.")
 
@@ -223,7 +288,7 @@ def _attribution(ctx: Context, key: str) -> None:
     st.altair_chart(charts.pareto_chart(att), width="stretch")
     frame = charts.pareto_frame(att)
     on = frame[frame["frontier"] == "on the frontier"]["variant"].tolist()
-    st.caption(f"On the frontier (no variant is at once faster, cheaper and more accurate): {', '.join(on) or '—'}.")
+    st.caption(f"On the frontier (no variant is at once faster, cheaper and more accurate): {md_escape(', '.join(on)) or '—'}.")
     factorial = att.get("factorial") or {}
     usable = {m: f for m, f in factorial.items() if f.get("effects")}
     if not usable:
@@ -245,4 +310,4 @@ def _attribution(ctx: Context, key: str) -> None:
         "p-value": fmt_p(e.get("p_value")),
     } for e in f["effects"]])
     st.markdown("**Factor effects and interactions** (vs the control's levels; an interaction is the departure from adding the main effects)")
-    st.dataframe(effects, hide_index=True, width="stretch")
+    tables.show(effects, key="res_effects", flex=("Term",))

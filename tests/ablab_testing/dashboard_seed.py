@@ -42,6 +42,20 @@ PAIR_VARIANTS: dict[str, VariantEffect] = {
 }
 DESIGNS = {"factorial": FACTORIAL_VARIANTS, "pair": PAIR_VARIANTS}
 
+# With ``segments``: every request carries a task domain (``dims.domain``, by unit) and a tool
+# call count (``measures.tool_calls``), and INT8 is much faster on code than elsewhere, so the
+# segments view has a heterogeneous effect to flag and the custom metrics view a measure to read.
+DOMAINS = ("chat", "code", "math")
+CODE_SPEEDUP = 0.7  # int8 arms' latency on code, on top of their overall effect
+SEGMENTED_METRICS: dict[str, Any] = {
+    "custom": [
+        {"name": "tool_calls", "type": "mean", "column": "measures.tool_calls", "lower_is_better": False},
+        {"name": "cost_per_1k_out", "type": "ratio", "numerator": "cost_usd", "denominator": "output_tokens", "scale": 1000},
+        {"name": "ttft_p90", "type": "quantile", "column": "ttft_ms", "quantile": 0.9},
+    ],
+    "segments": ["dims.domain"],
+}
+
 
 def experiment_body(key: str, variants: Mapping[str, VariantEffect] = FACTORIAL_VARIANTS, **extra: Any) -> dict[str, Any]:
     """The ``POST /v1/experiments`` body matching the seeded events."""
@@ -74,6 +88,21 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def add_segments(events: pd.DataFrame, *, seed: int = 7) -> pd.DataFrame:
+    """``domain`` (by unit) and ``tool_calls`` on every inference row; int8 arms faster on code."""
+    rng = np.random.default_rng(seed + 1)
+    out = events.copy()
+    units = sorted(out["unit_id"].dropna().unique())
+    domain_of = dict(zip(units, rng.choice(DOMAINS, len(units), p=[0.5, 0.3, 0.2])))
+    out["domain"] = out["unit_id"].map(domain_of)
+    inference = out["type"] == "inference"
+    out["tool_calls"] = np.where(inference, rng.poisson(np.where(out["domain"] == "code", 2.0, 0.5)), np.nan)
+    faster = inference & (out["domain"] == "code") & out["variant"].fillna("").str.contains("int8")
+    for column in ("ttft_ms", "e2e_ms", "tpot_ms"):
+        out.loc[faster, column] = out.loc[faster, column] * CODE_SPEEDUP
+    return out
+
+
 def event_dicts(events: pd.DataFrame) -> list[dict[str, Any]]:
     """Synthetic rows → event objects in the CONTRACTS shape (one schema version ``v``)."""
     fields = {
@@ -94,6 +123,10 @@ def event_dicts(events: pd.DataFrame) -> list[dict[str, Any]]:
                 event[name] = int(value) if name in ("prompt_tokens", "output_tokens", "correct") else value
         if kind == "inference":
             event["strategy"] = rec["variant"]
+            if isinstance(rec.get("domain"), str):
+                event["dims"] = {"domain": rec["domain"]}
+            if _clean(rec.get("tool_calls")) is not None:
+                event["measures"] = {"tool_calls": float(rec["tool_calls"])}
         out.append(event)
     return out
 
@@ -129,22 +162,42 @@ def window_rows(inference: pd.DataFrame, *, emitted_at: datetime) -> list[tuple[
 
 def seed_store(*, home: Path, experiment: str, n_requests: int = 20_000, n_units: int = 2_000, seed: int = 7,
                duration_s: float = 600.0, variants: Mapping[str, VariantEffect] = FACTORIAL_VARIANTS,
-               begin_in_s: float = 0.0) -> dict[str, int]:
+               begin_in_s: float = 0.0, segments: bool = False) -> dict[str, int]:
     """Write raw events and window rows for ``experiment`` into the chDB store under ``home``.
 
     Events span ``duration_s`` ending now, or, with ``begin_in_s`` > 0, starting that many
     seconds from now: results count only events after the experiment's start, so an
     experiment started after seeding needs its traffic ahead of it."""
-    from ablab.platform.events import Rejection, validate_event
-    from ablab.streaming.loader.rows import RAW_COLUMNS, raw_event_row
     from ablab.streaming.store import apply_ddl, make_client
 
     now = datetime.now(UTC).replace(microsecond=0)
     start = now + timedelta(seconds=begin_in_s) if begin_in_s > 0 else now - timedelta(seconds=duration_s)
-    events = synthetic_events(n_requests=n_requests, n_units=n_units, variants=variants, experiment=experiment,
-                              seed=seed, start=start.isoformat(), duration_s=duration_s)
     client = make_client(f"chdb:///{(home / 'chdb').resolve()}")
     apply_ddl(client)
+    try:
+        return write_events(client, experiment=experiment, n_requests=n_requests, n_units=n_units, seed=seed,
+                            start=start, duration_s=duration_s, variants=variants, segments=segments)
+    finally:
+        client.close()
+
+
+def write_events(client: Any, *, experiment: str, n_requests: int, n_units: int, start: datetime, duration_s: float,
+                 seed: int = 7, variants: Mapping[str, VariantEffect] = FACTORIAL_VARIANTS, segments: bool = False,
+                 trace_suffix: str = "", feed_rollup: bool = False) -> dict[str, int]:
+    """Synthetic events from ``start`` over ``duration_s`` into a store client: raw events,
+    and the 10 s window rows the stream job would write for them. ``trace_suffix`` keeps a
+    later batch's requests apart from an earlier one's (same units, new trace ids);
+    ``feed_rollup`` updates the per-unit rollup as the loader does after its raw insert (for a
+    store whose experiments exist already: seeding before they do leaves it to their sync)."""
+    from ablab.platform.events import Rejection, validate_event
+    from ablab.streaming.loader.rows import RAW_COLUMNS, WINDOW_COLUMNS, raw_event_row
+
+    events = synthetic_events(n_requests=n_requests, n_units=n_units, variants=variants, experiment=experiment,
+                              seed=seed, start=start.isoformat(), duration_s=duration_s)
+    if segments:
+        events = add_segments(events, seed=seed)
+    if trace_suffix:
+        events["trace_id"] = events["trace_id"].astype(str) + trace_suffix
     rows = []
     for offset, event in enumerate(event_dicts(events)):
         payload = json.dumps(event).encode()
@@ -153,17 +206,18 @@ def seed_store(*, home: Path, experiment: str, n_requests: int = 20_000, n_units
             raise ValueError(f"seeded event refused: {parsed}")
         rows.append(raw_event_row(parsed, payload=payload, partition=0, offset=offset))
     client.insert("raw_events", rows, column_names=list(RAW_COLUMNS))
-    inference = events[(events["type"] == "inference") & events["variant"].notna()]
-    from ablab.streaming.loader.rows import WINDOW_COLUMNS
+    if feed_rollup:
+        from ablab.streaming.store import rollup
 
-    windows = window_rows(inference, emitted_at=now)
+        rollup.feed(client, rows)
+    inference = events[(events["type"] == "inference") & events["variant"].notna()]
+    windows = window_rows(inference, emitted_at=datetime.now(UTC).replace(microsecond=0))
     client.insert("window_stats", windows, column_names=list(WINDOW_COLUMNS))
-    client.close()
     return {"raw_events": len(rows), "window_rows": len(windows)}
 
 
 def seed_in_child(*, home: Path, experiment: str, design: str = "factorial", requests: int = 20_000,
-                  units: int = 2_000, begin_in_s: float = 0.0) -> dict[str, int]:
+                  units: int = 2_000, begin_in_s: float = 0.0, segments: bool = False) -> dict[str, int]:
     """:func:`seed_store` in a child process (chDB lets one process own one store, and the
     API that will own this one runs in another); returns its counts."""
     import subprocess
@@ -173,7 +227,8 @@ def seed_in_child(*, home: Path, experiment: str, design: str = "factorial", req
 
     done = subprocess.run(
         [sys.executable, "-m", "ablab_testing.dashboard_seed", "--home", str(home), "--experiment", experiment,
-         "--design", design, "--requests", str(requests), "--units", str(units), "--begin-in-s", str(begin_in_s)],
+         "--design", design, "--requests", str(requests), "--units", str(units), "--begin-in-s", str(begin_in_s),
+         *(["--segments"] if segments else [])],
         capture_output=True, text=True, timeout=300, env=support_env())
     if done.returncode != 0:
         raise RuntimeError(f"seeding {experiment} failed:\n{done.stdout}{done.stderr}")
@@ -188,9 +243,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--units", type=int, default=2_000)
     parser.add_argument("--design", choices=sorted(DESIGNS), default="factorial", help="which variants the events come from")
     parser.add_argument("--begin-in-s", type=float, default=0.0, help="events start this far ahead (default: end now)")
+    parser.add_argument("--segments", action="store_true", help="add dims.domain and measures.tool_calls (see SEGMENTED_METRICS)")
     args = parser.parse_args(argv)
     print(json.dumps(seed_store(home=args.home, experiment=args.experiment, n_requests=args.requests, n_units=args.units,
-                                variants=DESIGNS[args.design], begin_in_s=args.begin_in_s)))
+                                variants=DESIGNS[args.design], begin_in_s=args.begin_in_s,
+                                segments=args.segments)))
 
 
 if __name__ == "__main__":

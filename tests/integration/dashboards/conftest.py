@@ -4,12 +4,13 @@ owning process per data directory, so seeding runs in its own process first)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from ablab_testing import ApiServer, start_api, stop_api
+from ablab_testing import ApiServer, closed_port, start_api, stop_api
 
 APP = Path(__file__).resolve().parents[3] / "dashboards" / "app.py"
 SEEDED = "factorial"
@@ -17,18 +18,23 @@ SEEDED = "factorial"
 
 @pytest.fixture(scope="session")
 def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
-    from ablab_testing.dashboard_seed import experiment_body, seed_in_child
+    from ablab_testing.dashboard_seed import SEGMENTED_METRICS, experiment_body, seed_in_child
 
     home = tmp_path_factory.mktemp("dash-home")
     # results count the events after the experiment's start (earlier ones are its pre-period),
     # and the start comes after seeding: the seeded traffic begins ahead of it
-    counts = seed_in_child(home=home, experiment=SEEDED, requests=12000, units=2000, begin_in_s=600)
+    # with a task domain per unit and a tool-call measure: segments and custom metrics to show
+    counts = seed_in_child(home=home, experiment=SEEDED, requests=12000, units=2000, begin_in_s=600, segments=True)
     assert counts["raw_events"] > 8000 and counts["window_rows"] > 0
+    # a llama.cpp backend that does not answer: the results page's waiting state names it
+    backends = {"smollm2": {"url": f"http://127.0.0.1:{closed_port()}/v1", "kind": "llamacpp"}}
     server = start_api(f"sqlite:///{home / 'ablab.db'}", home,
-                       {"ABLAB_ANALYTICS": "true", "ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})
+                       {"ABLAB_ANALYTICS": "true", "ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0",
+                        "ABLAB_GATEWAY_BACKENDS": json.dumps(backends)})
     try:
         with server.client("admin") as admin:
-            admin.post("/v1/experiments", json=experiment_body(SEEDED)).raise_for_status()
+            metrics = {"primary": ["e2e_ms"], "slos": {"ttft_ms": 400}, **SEGMENTED_METRICS}
+            admin.post("/v1/experiments", json=experiment_body(SEEDED, metrics=metrics)).raise_for_status()
             admin.post(f"/v1/experiments/{SEEDED}/start").raise_for_status()
         yield server
     finally:

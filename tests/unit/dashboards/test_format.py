@@ -47,15 +47,28 @@ def test_verdict_uses_adjusted_p_and_direction():
 
 def test_results_table_from_engine_output(result):
     table = fmt.results_table(result)
-    assert list(table.columns[:5]) == ["Metric", "Variant", "n", "Estimate", "95% CI"]
+    assert list(table.columns) == ["Metric", "Variant", "n", "Estimate", "Relative (95% CI)", "p (adj.)", "Verdict"]
     assert table["Metric"].iloc[0] == "Latency (mean)"  # the headline metric first
     fast = table[(table["Metric"] == "Latency (mean)") & (table["Variant"] == "fast")].iloc[0]
     assert fast["Verdict"] == "🟢 better"  # 40 % faster on 4 000 requests is unmistakable
-    assert fast["Relative"].startswith("-")
-    acc = table[(table["Metric"] == "Accuracy") & (table["Variant"] == "fast")].iloc[0]
-    assert "labeled" in acc["n"]
-    control = table[table["Variant"] == "control (control)"]
-    assert set(control["Difference"]) == {"—"}
+    row = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] == "fast")
+    lo, hi = row["rel_ci"]
+    assert fast["Relative (95% CI)"] == f"{row['rel_diff'] * 100:+.1f}% [{lo * 100:+.1f}, {hi * 100:+.1f}]"
+    control = table[table["Variant"] == "control"]
+    assert set(control["Relative (95% CI)"]) == {"—"} and set(control["Verdict"]) == {"control"}
+
+
+def test_variant_details_split_into_its_numbers_and_the_comparison(result):
+    numbers, comparison = fmt.variant_table(result, "fast")
+    assert list(numbers.columns) == ["Metric", "n", "Estimate", "95% CI", "Control"]
+    assert list(comparison.columns) == ["Metric", "Difference", "Relative (95% CI)", "p (adj.)", "Verdict"]
+    latency = comparison[comparison["Metric"] == "Latency (mean)"].iloc[0]
+    assert latency["Difference"].startswith("-") and latency["Difference"].endswith("ms")
+    own = numbers[numbers["Metric"] == "Latency (mean)"].iloc[0]
+    control_row = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] == "control")
+    assert own["Control"] == fmt.fmt_value("e2e_ms", control_row["estimate"])
+    numbers, comparison = fmt.variant_table(result, "control")
+    assert comparison.empty and not numbers.empty  # the control is compared with nothing
 
 
 def test_csv_has_raw_numbers(result):
@@ -72,6 +85,8 @@ def test_guardrail_table(result):
     assert set(table["Variant"]) == {"control", "fast"}
     assert set(table["Kind"]) == {"SLA"}
     assert table["Threshold"].iloc[0] == "800 ms"
+    assert "Why" not in table.columns  # the long reasons are listed under the table
+    assert all(" · TTFT p95: " in line for line in fmt.guardrail_reasons(result))
 
 
 def test_experiments_table_empty_keeps_columns():

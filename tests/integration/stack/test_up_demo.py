@@ -108,23 +108,35 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         assert any(attribution.get(k) for k in ("pareto", "frontier", "factors", "effects", "shapley")), attribution
 
         # the real LLM: SmolLM2 behind llama.cpp, behind the gateway, graded answers as labels
+        # and multi-turn conversations with dialogue_state off and on; demo-llm shadowed
         llm_want = {"helpful-t0", "helpful-t1", "terse-t0", "terse-t1"}
+        dialogue_want = {"state-off", "state-on"}
         llm: dict = {}
+        dialogue: dict = {}
+
+        def labeled(results: dict) -> set[str]:
+            return {m["variant"] for m in results.get("metrics", []) if m["metric"] == "accuracy" and m.get("n")}
+
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             r = api.get("/v1/experiments/demo-llm/results")
-            if r.status_code == 200:
-                llm = r.json()
-                labeled = {m["variant"] for m in llm.get("metrics", []) if m["metric"] == "accuracy" and m.get("n")}
-                if labeled >= llm_want:
+            d = api.get("/v1/experiments/demo-llm-dialogue/results")
+            if r.status_code == 200 and d.status_code == 200:
+                llm, dialogue = r.json(), d.json()
+                if labeled(llm) >= llm_want and labeled(dialogue) >= dialogue_want and llm.get("shadows"):
                     break
             time.sleep(5)  # poll interval: graded labels arrive as the labeler sends them
         tail = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log") if p.name.startswith(("llm", "gateway"))}
         by_metric = {(m["metric"], m["variant"]): m for m in llm.get("metrics", [])}
         assert all(("accuracy", v) in by_metric for v in llm_want), f"demo-llm has no graded variants: {json.dumps(llm)[:2000]}\n{tail}"
         assert all(by_metric[("e2e_ms", v)]["estimate"] > 0 for v in llm_want if ("e2e_ms", v) in by_metric)
+        assert labeled(dialogue) >= dialogue_want, f"demo-llm-dialogue has no graded variants: {json.dumps(dialogue)[:2000]}\n{tail}"
+        tokens = {m["variant"]: m["estimate"] for m in dialogue["metrics"] if m["metric"] == "prompt_tokens"}
+        assert tokens["state-on"] < 0.6 * tokens["state-off"], tokens  # the history replaced by three slots
+        shadowed = [row for row in llm.get("shadows", []) if row["metric"] == "e2e_ms"]
+        assert sum(row["coverage"]["shadowed"] for row in shadowed) > 0, f"no shadow events: {json.dumps(llm)[:2000]}"
         status = subprocess.run([ABLAB, "status"], env=env, capture_output=True, text=True, timeout=60, check=False)
-        assert "gateway" in status.stdout and "llm" in status.stdout, status.stdout
+        assert "gateway" in status.stdout and "llm" in status.stdout and "llm-dialogue" in status.stdout, status.stdout
     finally:
         pids = {p.stem: int(p.read_text()) for p in run_dir.glob("*.pid")} if run_dir.exists() else {}
         down = subprocess.run([ABLAB, "down"], env=env, capture_output=True, text=True, timeout=180, check=False)

@@ -89,6 +89,11 @@ class ApiClient:
                 raise
             self._call("GET", "/v1/experiments", params={"limit": 1})  # an API without /v1/whoami
 
+    # -- backends -------------------------------------------------------------------------
+    def backends(self) -> list[dict[str, Any]]:
+        """``GET /v1/backends``: the gateway's LLM backends and whether each serves yet."""
+        return list(self._json("GET", "/v1/backends").get("items") or [])
+
     def _probe_scope(self) -> str:
         self._json("GET", "/v1/experiments", params={"limit": 1})  # 401/403 raise: not even a viewer
         # An invalid body is refused with 422 only after the scope check passed (403 before).

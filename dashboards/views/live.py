@@ -70,7 +70,7 @@ def fmt_window(ts: str | None) -> str:
 def fetch_backends(client: ApiClient) -> list[dict[str, Any]] | None:
     """``GET /v1/backends``; None when this API has no such route or cannot answer."""
     try:
-        return list(client._json("GET", "/v1/backends").get("items") or [])  # noqa: SLF001 - no ApiClient.backends() yet
+        return client.backends()
     except ApiError:
         return None
 

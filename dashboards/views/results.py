@@ -25,7 +25,7 @@ from ablab.dashboards.format import (
     DECISION_BADGES, STATUS_BADGES, VERDICT_HELP, cuped_table, fmt_count, fmt_p, fmt_pct, fmt_value,
     guardrail_reasons, guardrail_table, md_escape, metric_label, power_table, results_csv, results_table,
 )
-from ablab.dashboards.views import custom_metrics, live, segments, tables, variants
+from ablab.dashboards.views import custom_metrics, live, segments, shadows, tables, variants
 from ablab.dashboards.views.common import Context, goto, show_api_error
 from ablab.dashboards.views.nav import VIEWS, address, open_view, view_params
 
@@ -119,6 +119,7 @@ def _overview(ctx: Context, exp: dict[str, Any], result: Any, every: float | Non
     _cuped(result)
     _power(result)
     _segments_pointer(key, result)
+    shadows.render_shadows(ctx, result)
     _distributions(ctx, key, result)
     _attribution(ctx, key)
 

@@ -49,7 +49,8 @@ def test_declare_is_idempotent_and_listed_with_schemas(api_server, declared) -> 
     assert page["total"] == len(page["items"])
     assert by_name["compression.tau"]["origin"] == "builtin"
     assert by_name["compression.tau"]["json_schema"]["minimum"] == 0 and by_name["compression.tau"]["json_schema"]["maximum"] == 1
-    assert {n for n, f in by_name.items() if f["origin"] == "gateway"} == {"backend", "model", "params", "system_prompt"}
+    assert {n for n, f in by_name.items() if f["origin"] == "gateway"} == {
+            "backend", "model", "params", "system_prompt", "dialogue_state", "prompt_split", "context_prune"}
     assert by_name["engine"]["json_schema"]["enum"] == ["vllm", "sglang", "tgi"] and by_name["engine"]["default"] == "vllm"
     assert by_name["params.temperature"]["json_schema"] == {"title": "params.temperature", "type": "number", "minimum": 0,
                                                             "maximum": 2, "description": "Sampling temperature."}

@@ -176,6 +176,18 @@ def _set_slider(pg, label: str, value: int) -> int:
     raise AssertionError(f"slider {label!r} stays at {thumb.input_value()}, wanted {value}")
 
 
+def _set_text(pg, label: str, value: str) -> None:
+    """Make a text box hold ``value`` (typing it again while a rerun clears it)."""
+    box = pg.get_by_label(label, exact=True)
+    for _ in range(5):
+        if box.input_value() == value:
+            return
+        box.fill(value)
+        box.press("Tab")
+        _settle(pg)
+    raise AssertionError(f"text box {label!r} holds {box.input_value()!r}, wanted {value!r}")
+
+
 def test_sign_in_create_start_and_read_results(stack, page, shots):
     from playwright.sync_api import expect
 
@@ -214,6 +226,9 @@ def test_sign_in_create_start_and_read_results(stack, page, shots):
              for label, want in (("Traffic (% of eligible units)", 100), ("Weight of variant 1 (%)", 50))}
     print(f"sliders before they were set: {split}")
 
+    # Under load a rerun interrupted mid-form once left the first key's box empty (as the
+    # sliders were once left at their minimum): checked and set last, as a user would.
+    _set_text(pg, "Variant 1 key", "control")
     _tall_screenshot(pg, shots / "create.png", 2400)  # settles first: the last slider's rerun has ended
     _click(pg, "Create experiment")
     expect(pg.get_by_text("Created experiment")).to_be_visible(timeout=30_000)  # the API call and rerun, on a loaded box

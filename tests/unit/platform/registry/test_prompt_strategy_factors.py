@@ -5,36 +5,15 @@ or τ out of range."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from ablab.platform.api.app import create_app
-from ablab.platform.auth import create_api_key
-from ablab.platform.config import Settings
-from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
-from ablab.platform.registry.migrate import upgrade
-from ablab.platform.registry.schemas import Scope
 from ablab.platform.strategy import content_hash
 
 GOOD = {"dialogue_state": {"slots": {"city": r"(?i)i live in (\w+)", "order": r"order #\d+"}},
         "prompt_split": {"latency_budget_ms": 150, "prefill_tps": 400, "delimiter": "---soft---"},
         "context_prune": {"window": 16, "tau": 0.25}}
-
-
-@pytest.fixture()
-def api(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    settings = Settings(home=tmp_path, analytics=False, kafka_bootstrap="127.0.0.1:1")
-    upgrade(settings.resolved_database_url)
-    engine = make_engine(settings.resolved_database_url)
-    with transaction(make_sessionmaker(engine)) as session:
-        tokens = {scope.value: create_api_key(session, name=scope.value, scope=scope)[1] for scope in (Scope.editor, Scope.sdk)}
-    engine.dispose()
-    with TestClient(create_app(settings)) as client:
-        yield client, {k: f"Bearer {v}" for k, v in tokens.items()}
 
 
 def _body(strategy: dict[str, Any]) -> dict[str, Any]:

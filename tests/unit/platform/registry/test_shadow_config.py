@@ -4,37 +4,16 @@ naming the field, the shadow strategy checked by the same rules as a variant's."
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi.testclient import TestClient
 
-from ablab.platform.api.app import create_app
 from ablab.platform.assignment import assign
 from ablab.platform.assignment.payload import config_from_payload
-from ablab.platform.auth import create_api_key
-from ablab.platform.config import Settings
-from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
-from ablab.platform.registry.migrate import upgrade
-from ablab.platform.registry.schemas import Scope
 from ablab.platform.strategy import content_hash
 
 SHADOW = {"strategy": {"system_prompt": "Be terse.", "params": {"temperature": 0.0}}, "fraction": 0.25,
           "max_concurrency": 4, "timeout_s": 5}
-
-
-@pytest.fixture()
-def api(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
-    settings = Settings(home=tmp_path, analytics=False, kafka_bootstrap="127.0.0.1:1")
-    upgrade(settings.resolved_database_url)
-    engine = make_engine(settings.resolved_database_url)
-    with transaction(make_sessionmaker(engine)) as session:
-        tokens = {scope.value: create_api_key(session, name=scope.value, scope=scope)[1] for scope in (Scope.editor, Scope.sdk)}
-    engine.dispose()
-    with TestClient(create_app(settings)) as client:
-        yield client, {k: f"Bearer {v}" for k, v in tokens.items()}
 
 
 def _body(**extra: Any) -> dict[str, Any]:

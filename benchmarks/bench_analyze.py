@@ -31,9 +31,9 @@ from pathlib import Path
 
 import yaml
 
+from ablab.platform.analytics.event_files import write_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
-from ablab.platform.analytics.event_files import write_events
 
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 SPEC = spec_dict(
@@ -143,9 +143,9 @@ def _loader_batch(n: int, units: int, seed: int) -> list[tuple]:
 
 def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: int = 1) -> None:
     from ablab.platform.analytics.results import results, results_from_raw
-    from ablab.streaming.store.rollup import sync as sync_rollup
     from ablab.streaming.loader.rows import RAW_COLUMNS
     from ablab.streaming.store import apply_ddl, make_client, rollup
+    from ablab.streaming.store.rollup import sync as sync_rollup
 
     client = make_client(f"chdb:///{work / 'chdb'}")
     apply_ddl(client)

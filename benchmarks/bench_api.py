@@ -116,7 +116,7 @@ class Api:
 
     def __init__(self, *, env: dict[str, str], port: int, workers: int, log: Path) -> None:
         self.base = f"http://127.0.0.1:{port}"
-        self._log = open(log, "wb")  # noqa: SIM115 - closed in stop()
+        self._log = open(log, "wb")
         self.process = subprocess.Popen(
             [ABLAB, "api", "--port", str(port), "--workers", str(workers), "--no-migrate"],
             env=env, stdout=self._log, stderr=subprocess.STDOUT,

@@ -48,7 +48,7 @@ def _fresh_postgres(admin_url: str) -> str:
     return make_url(admin_url).set(database=name).render_as_string(hide_password=False)
 
 
-async def _request(app, method: str, path: str, body: dict, token: str) -> tuple[int, bytes]:  # noqa: ANN001
+async def _request(app, method: str, path: str, body: dict, token: str) -> tuple[int, bytes]:
     """One request straight into the ASGI app: no sockets, no test client in the way."""
     raw = json.dumps(body).encode()
     scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": method, "scheme": "http",
@@ -76,7 +76,7 @@ async def _request(app, method: str, path: str, body: dict, token: str) -> tuple
     return out["status"], out["body"]
 
 
-async def _round(app, token: str, n: int) -> tuple[float, float]:  # noqa: ANN001
+async def _round(app, token: str, n: int) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.thread_time()
     for i in range(n):
         status, body = await _request(app, "POST", "/v1/assign", {"unit_id": f"u{i}"}, token)

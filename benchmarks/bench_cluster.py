@@ -43,7 +43,7 @@ def _cpu_seconds(pids: list[int]) -> float:
     return total
 
 
-def run_on_cluster(prefix: str, bootstrap: str, workdir: Path, flink) -> dict:  # noqa: ANN001 - a FlinkClusterConfig
+def run_on_cluster(prefix: str, bootstrap: str, workdir: Path, flink) -> dict:
     from ablab.streaming.flink import cluster as flink_cluster
     from ablab.streaming.flink import rest
     from ablab_testing.pipeline import PipelineTopics, job_config

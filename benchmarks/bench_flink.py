@@ -60,6 +60,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 from ablab.streaming.kafka.consumer import FETCH_MIN_BYTES
 
 BASE_MS = 1_767_225_600_000  # 2026-01-01T00:00:00Z
@@ -85,7 +86,7 @@ def _produce(args: tuple[str, str, int, int, int, int]) -> int:
             stamp = stamp_cache[second] = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
         trace = uuid.UUID(int=rng.getrandbits(128)).hex
         ttft = rng.randint(20, 400) / 4
-        value = ('{"v":1,"type":"inference","event_id":"%s","trace_id":"%s","ts":"%s.%03dZ","experiment":"bench",'
+        value = ('{"v":1,"type":"inference","event_id":"%s","trace_id":"%s","ts":"%s.%03dZ","experiment":"bench",'  # noqa: UP031 -- %r keeps each float's repr
                  '"variant":"%s","unit_id":"u%d","ttft_ms":%r,"e2e_ms":%r,"tpot_ms":1.5,"prompt_tokens":100,'
                  '"output_tokens":20,"device_s":0.01,"cost_usd":0.0001,"price_version":"p1","strategy":"s"}') % (
             trace, trace, stamp, ts_ms % 1000, "ab"[i % 2], i % 1000, ttft, ttft + rng.randint(0, 4000) / 4)

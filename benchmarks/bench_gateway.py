@@ -28,7 +28,6 @@ import json
 import os
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -157,7 +156,7 @@ async def level(targets: dict[str, str], model: str, concurrency: int, requests:
     # The client drops idle connections before uvicorn's 5 s keep-alive timeout can race a reuse.
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        for name, url in targets.items():  # warm-up: connections, JITs, caches
+        for url in targets.values():  # warm-up: connections, JITs, caches
             await asyncio.gather(*(one(client, url, model, f"w{i}", max_tokens, messages) for i in range(min(concurrency, 8))))
         per_round = max(concurrency, requests // rounds)
         for r in range(rounds):

@@ -20,7 +20,6 @@ import time
 from dataclasses import asdict
 
 import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
-
 import torch
 
 
@@ -47,12 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     torch.set_num_threads(args.threads)
 
-    from ablab_testing import inference_bench as b
     from ablab.inference import tasks
+    from ablab.inference.assets import shipped_bundle
     from ablab.inference.evaluate import accuracy
     from ablab.inference.runtime.executor import RuntimeConfig
-    from ablab.inference.assets import shipped_bundle
-    from ablab.inference.scheduler import BatchingConfig
+    from ablab_testing import inference_bench as b
 
     bundle = shipped_bundle()
     d_ff = bundle.model.cfg.d_ff

@@ -31,11 +31,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from bench_loader import _events, _int_list
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-
-from bench_loader import _events, _int_list
 
 STEPS = ("route", "raw insert", "rollup copy", "rollup pairs", "rollup recompute", "rollup other")
 

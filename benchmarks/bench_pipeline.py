@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
+
 from ablab.streaming.flink.job import JobConfig
 from ablab.streaming.flink.local import FlinkProcess
 from ablab.streaming.kafka.consumer import FETCH_MIN_BYTES
@@ -156,9 +157,9 @@ def main() -> None:
                         help="seconds of the same traffic (another experiment) before the clock starts")
     args = parser.parse_args()
 
-    from ablab_testing.pipeline import PipelineTopics, group_caught_up, job_config, wait_for
     from ablab.streaming.loader.service import Loader
     from ablab.streaming.store import apply_ddl, make_client
+    from ablab_testing.pipeline import PipelineTopics, group_caught_up, job_config, wait_for
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     broker_dir, bootstrap = None, args.bootstrap

@@ -28,11 +28,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from bench_loader import _events
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
-
-from bench_loader import _events
 
 
 def main(argv: list[str] | None = None) -> int:

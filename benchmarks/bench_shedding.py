@@ -18,13 +18,11 @@ import statistics
 import sys
 
 import _path  # noqa: F401 - tests/ on the import path: the benchmarks share ablab_testing
-
 import torch
 
 from ablab.inference.assets import shipped_bundle
 from ablab.inference.engine import Engine
 from ablab.inference.scheduler import BatchingConfig
-
 from ablab_testing import inference_bench as b
 
 INF = float("inf")

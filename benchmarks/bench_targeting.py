@@ -31,7 +31,7 @@ ORDINARY = [
 ]
 
 
-def _per_call(fn, calls: int) -> float:  # noqa: ANN001
+def _per_call(fn, calls: int) -> float:
     best = float("inf")
     for _ in range(3):
         start = time.perf_counter()

@@ -121,11 +121,11 @@ def _environment(home: Path, ports: dict[str, int], minutes: float) -> dict[str,
     }
 
 
-def _stack(soak: Soak):  # noqa: ANN202 - (supervisor, services by name)
+def _stack(soak: Soak):
     """The same Service definitions `ablab up --demo` uses, to restart exactly one of them."""
     from ablab.cli.stack import _services
-    from ablab.platform.config import get_settings
     from ablab.cli.supervisor.processes import Supervisor
+    from ablab.platform.config import get_settings
 
     get_settings.cache_clear()
     tokens = json.loads((soak.home / "run" / "demo-tokens.json").read_text())
@@ -416,7 +416,7 @@ def loader_lag(bootstrap: str) -> int | None:
             committed = {tp: probe.committed(tp) or 0 for tp in ends}
         finally:
             probe.close()
-    except Exception:  # noqa: BLE001 - the broker may be restarting; the caller retries
+    except Exception:
         return None
     return sum(max(0, end - committed[tp]) for tp, end in ends.items())
 
@@ -671,7 +671,7 @@ def run(args: argparse.Namespace) -> int:
                         else:
                             record.detail = fault_worker(soak, supervisor, services)
                         record.ok = True
-                    except Exception as exc:  # noqa: BLE001 - a fault that could not be injected fails the soak
+                    except Exception as exc:
                         record.detail = f"{type(exc).__name__}: {exc}"
                     record.took_s = round(time.monotonic() - t0, 1)
                     soak.faults.append(record)
@@ -717,7 +717,7 @@ def run(args: argparse.Namespace) -> int:
                 lag = loader_lag(bootstrap)
                 try:
                     ends = _end_offsets(bootstrap, ["ablab.windows"])
-                except Exception:  # noqa: BLE001 - retried on the next poll
+                except Exception:
                     ends = None
                 m = _metrics(api_url)
                 key = (lag, tuple(sorted((str(k), v) for k, v in (ends or {}).items())),
@@ -778,14 +778,14 @@ def _run_reaping(argv: list[str], *, env: dict[str, str], supervisor: Any, timeo
     deadline = time.monotonic() + timeout_s
     while process.poll() is None and time.monotonic() < deadline:
         if supervisor is not None:
-            for name in list(supervisor._children):  # noqa: SLF001 - the soak restarts services itself
+            for name in list(supervisor._children):
                 supervisor.pid(name)
         time.sleep(0.2)
     if process.poll() is None:
         process.kill()
     output = process.communicate()[0]
     if supervisor is not None:
-        for name in list(supervisor._children):  # noqa: SLF001
+        for name in list(supervisor._children):
             supervisor.pid(name)
     return subprocess.CompletedProcess(argv, process.returncode, output, "")
 

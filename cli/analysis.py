@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -28,7 +28,7 @@ def _load_spec(path: Path):
         fail(f"--config {path}: {exc}")
 
 
-def _emit(result: dict, *, as_json: bool, csv_path: Optional[Path]) -> None:
+def _emit(result: dict, *, as_json: bool, csv_path: Path | None) -> None:
     from ablab.platform.stats.render import rich_tables, to_csv
 
     if csv_path is not None:
@@ -45,8 +45,8 @@ def analyze(
     events: Annotated[Path, typer.Argument(help="Parquet or JSONL file of events (CONTRACTS shape, mixed types).")],
     config: Annotated[Path, typer.Option("--config", "-c", help="Experiment definition YAML (the API's POST body).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print the analysis JSON (same as GET …/results).")] = False,
-    csv_path: Annotated[Optional[Path], typer.Option("--csv", help="Also write the metric rows as CSV.")] = None,
-    rejects: Annotated[Optional[Path], typer.Option("--rejects", help="Write rejected events (with reasons) as JSONL.")] = None,
+    csv_path: Annotated[Path | None, typer.Option("--csv", help="Also write the metric rows as CSV.")] = None,
+    rejects: Annotated[Path | None, typer.Option("--rejects", help="Write rejected events (with reasons) as JSONL.")] = None,
 ) -> None:
     """Offline analysis of an event file with the same engine and JSON as the results API."""
     spec = _load_spec(config)
@@ -70,10 +70,10 @@ def analyze(
 
 def report(
     key: Annotated[str, typer.Argument(help="Experiment key.")],
-    token: Annotated[Optional[str], typer.Option("--token", envvar="ABLAB_TOKEN", help="API token (viewer scope).")] = None,
-    api_url: Annotated[Optional[str], typer.Option("--api-url", help="Defaults to ABLAB_API_URL.")] = None,
+    token: Annotated[str | None, typer.Option("--token", envvar="ABLAB_TOKEN", help="API token (viewer scope).")] = None,
+    api_url: Annotated[str | None, typer.Option("--api-url", help="Defaults to ABLAB_API_URL.")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
-    csv_path: Annotated[Optional[Path], typer.Option("--csv")] = None,
+    csv_path: Annotated[Path | None, typer.Option("--csv")] = None,
 ) -> None:
     """Fetch GET /v1/experiments/KEY/results and render it."""
     import httpx
@@ -98,13 +98,13 @@ def synth_events(
     requests: Annotated[int, typer.Option(help="Inference events.")] = 100_000,
     units: Annotated[int, typer.Option(help="Distinct users.")] = 10_000,
     seed: Annotated[int, typer.Option()] = 0,
-    config_out: Annotated[Optional[Path], typer.Option("--config-out", help="Also write a matching EXP.yaml.")] = None,
+    config_out: Annotated[Path | None, typer.Option("--config-out", help="Also write a matching EXP.yaml.")] = None,
 ) -> None:
     """Write a seeded synthetic event file (two variants, clustered users, late labels)."""
     import yaml
 
-    from ablab.platform.stats.synthetic import spec_dict, synthetic_events
     from ablab.platform.analytics.event_files import write_events
+    from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 
     events = synthetic_events(n_requests=requests, n_units=units, seed=seed)
     write_events(events, path)

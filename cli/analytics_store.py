@@ -15,6 +15,6 @@ def upgrade(settings: Settings) -> None:
     try:
         client = get_clickhouse_client(settings)
         applied = apply_ddl(client)
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         fail(f"ClickHouse DDL failed: {exc}", hint="check ABLAB_CLICKHOUSE_URL; in embedded mode stop the API first (chdb allows one process)")
     console.print(f"[green]ClickHouse[/] DDL applied ({applied})")

@@ -23,7 +23,7 @@ def upgrade(
     url = settings.resolved_database_url
     try:
         alembic_upgrade(url, revision)
-    except Exception as exc:  # noqa: BLE001 - show the cause, not a traceback
+    except Exception as exc:
         fail(f"config DB migration failed: {exc}", hint="check ABLAB_DATABASE_URL and that the database is reachable")
     console.print(f"[green]config DB[/] at revision [bold]{current(url)}[/] ({settings.public_dict()['database_url'] or url.split('///')[0] + '///…'})")
     if clickhouse:

@@ -15,7 +15,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from ablab.cli._common import console, fail, out
+from ablab.cli._common import fail, out
 from ablab.platform.config import get_settings
 
 MUTABLE = ("name", "hypothesis", "owner", "traffic", "control", "metrics", "guardrails", "targeting", "forced", "shadow")

@@ -203,8 +203,8 @@ def llm_traffic(
     """Ask questions with known answers through the gateway (official openai client); grade the replies."""
     import time
 
-    from ablab.inference import llamacpp
     from ablab.cli.supervisor.llm_demo import WORKLOADS, run_llm_traffic
+    from ablab.inference import llamacpp
 
     if workload not in WORKLOADS:
         fail(f"--workload: {workload!r} is not one of {', '.join(WORKLOADS)}")

@@ -13,7 +13,7 @@ from ablab.platform.registry.schemas import Scope
 keys_app = typer.Typer(help="API keys: create (token shown once), list, revoke.", no_args_is_help=True)
 
 
-def _sessions():  # noqa: ANN202
+def _sessions():
     from ablab.platform.registry.db import make_engine, make_sessionmaker
     from ablab.platform.registry.migrate import upgrade
 

@@ -16,6 +16,7 @@ from rich.table import Table
 from ablab.cli._common import console, fail, out
 from ablab.platform.config import Settings, get_settings
 
+
 def _ablab() -> str:
     return str(Path(sys.executable).with_name("ablab"))
 
@@ -51,11 +52,12 @@ def _demo_tokens(settings: Settings) -> dict[str, str]:
     path = settings.home / "run" / "demo-tokens.json"
     if path.exists():
         return json.loads(path.read_text())
+    from sqlalchemy import select
+
     from ablab.platform.auth import create_api_key, revoke_api_key_by_id
     from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
     from ablab.platform.registry.models import ApiKey
     from ablab.platform.registry.schemas import Scope
-    from sqlalchemy import select
 
     engine = make_engine(settings.resolved_database_url)
     tokens = {}
@@ -106,7 +108,7 @@ def _webhook_secret_env(settings: Settings) -> dict[str, str]:
     return {"ABLAB_WEBHOOK_SECRET": secret}
 
 
-def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None,  # noqa: ANN202
+def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None,
               *, api_env: dict[str, str] | None = None):
     from ablab.cli.supervisor.processes import Service, http_ok, tcp_open
 
@@ -152,7 +154,7 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None,  # 
     return services
 
 
-def _llm_services(settings: Settings, api: str, sdk_env: dict[str, str], events_file) -> list:  # noqa: ANN001
+def _llm_services(settings: Settings, api: str, sdk_env: dict[str, str], events_file) -> list:
     """SmolLM2 behind llama_cpp.server and the in-repo worker, both behind `ablab gateway`;
     graded questions (`demo-llm`, half of them shadowed) and graded multi-turn conversations
     (`demo-llm-dialogue`) through the gateway, each workload with its own ledger and labeler.

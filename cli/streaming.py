@@ -262,7 +262,7 @@ def stream_submit(
         console.print("stopped")
 
 
-def _submit_to_cluster(url: str, config, from_savepoint: Path | None) -> None:  # noqa: ANN001 - a JobConfig
+def _submit_to_cluster(url: str, config, from_savepoint: Path | None) -> None:
     from ablab.streaming.flink import cluster as flink_cluster
 
     local = flink_cluster.read_cluster(_flink_dir())
@@ -397,7 +397,7 @@ def loader(
     try:
         client = get_clickhouse_client(settings)
         apply_ddl(client)
-    except Exception as exc:  # noqa: BLE001 — the store's own error names the cause
+    except Exception as exc:
         fail(f"cannot open the ClickHouse store: {exc}",
              hint="in embedded mode (chdb://) the API process owns the store and runs the loader itself")
     stop = threading.Event()

@@ -104,7 +104,7 @@ class Engine:
         return req
 
     # ------------------------------------------------------------- the loop
-    def start(self) -> "Engine":
+    def start(self) -> Engine:
         self._thread = threading.Thread(target=self._loop, name="ablab-engine", daemon=True)
         self._thread.start()
         return self

@@ -15,7 +15,7 @@ def accuracy(
     *,
     domain: str,
     adapter: str | None = None,
-    runtime: RuntimeConfig = RuntimeConfig(),
+    runtime: RuntimeConfig | None = None,
     n: int = 200,
     template: str = "plain",
     cot_depth: int = 0,
@@ -24,7 +24,7 @@ def accuracy(
     executor: Executor | None = None,
 ) -> float:
     """Exact-match accuracy on `n` held-out examples of `domain` (greedy decoding)."""
-    ex = executor or Executor(bundle.model, runtime=runtime, predictors=bundle.predictors, adapters=bundle.adapters, device=device)
+    ex = executor or Executor(bundle.model, runtime=runtime or RuntimeConfig(), predictors=bundle.predictors, adapters=bundle.adapters, device=device)
     eng = Engine(ex, batching=BatchingConfig("adaptive", max_batch=batch, window_ms=0), eos_id=bundle.tokenizer.eos_id, slots=batch)
     row = ex.adapter_row(adapter)
     examples = tasks.heldout_set(domain, n)

@@ -19,7 +19,6 @@ from pathlib import Path
 
 from ablab.inference.serving import events as ev
 
-
 _LABEL_NAMESPACE = uuid.UUID("5b0f7c1e-3a57-4d8e-9a52-6f0c1b2a9e41")
 
 

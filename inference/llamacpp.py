@@ -136,7 +136,7 @@ def start_server(*, port: int, host: str = "127.0.0.1", timeout_s: float = 120.0
     """Start the server and return once it answers ``/v1/models`` (the model is loaded by then)."""
     if not installed():
         raise BackendUnavailable(build_state().describe())
-    out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - handed to the child
+    out = open(log, "ab") if log else subprocess.DEVNULL
     process = subprocess.Popen(server_argv(port=port, host=host, threads=threads), stdout=out, stderr=subprocess.STDOUT,
                                stdin=subprocess.DEVNULL)
     if log:

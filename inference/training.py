@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 
 from ablab.inference import tasks
-from ablab.inference.model.transformer import ModelConfig, TinyLM
 from ablab.inference.model.lora import LoRAWeights, init_adapter
+from ablab.inference.model.transformer import ModelConfig, TinyLM
 from ablab.inference.runtime.sparse_ffn import Predictor, svd_predictor
 from ablab.inference.tokenizer import ASSETS, Tokenizer, build_tokenizer
 
@@ -217,7 +217,7 @@ def train_adapter(model: TinyLM, domain: str, cfg: TrainConfig, tok: Tokenizer, 
     for step in range(cfg.adapter_steps):
         lora = _lora_layers(params, scale)
         parts = make_buckets([tasks.sample(domain, rng) for _ in range(cfg.batch_size)], rng, tok, cfg.buckets, cfg.cot_prob)
-        loss = _bucket_loss(lambda x, m: model.selected_logits(x, m, lora), parts)
+        loss = _bucket_loss(lambda x, m, lora=lora: model.selected_logits(x, m, lora), parts)
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg.adapter_steps, cfg.adapter_lr)
         opt.zero_grad(set_to_none=True)

@@ -105,7 +105,7 @@ class Settings(BaseSettings):
         return value.expanduser().resolve()
 
     @model_validator(mode="after")
-    def _refuse_insecure_defaults(self) -> "Settings":
+    def _refuse_insecure_defaults(self) -> Settings:
         if self.env == "production" and self.public_webhook_secret:
             raise ValueError("ABLAB_WEBHOOK_SECRET must be set in production (the default is public)")
         return self

@@ -57,7 +57,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ablab.platform.fields import DAY_S, FIELDS, MAX_COST_USD
+from ablab.platform.fields import FIELDS
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -301,7 +301,7 @@ class InferenceEvent(_Assigned):
     )
 
     @model_validator(mode="after")
-    def _coherent_latencies(self) -> "InferenceEvent":
+    def _coherent_latencies(self) -> InferenceEvent:
         if self.ttft_ms > self.e2e_ms:
             raise _field_error("ttft_ms", f"ttft_ms ({self.ttft_ms}) exceeds e2e_ms ({self.e2e_ms})")
         if self.output_text is not None and self.shadow_of is None:
@@ -335,7 +335,7 @@ class FeedbackEvent(_Joined):
     source: Literal["human", "auto", "judge"]
 
     @model_validator(mode="after")
-    def _has_label(self) -> "FeedbackEvent":
+    def _has_label(self) -> FeedbackEvent:
         if self.correct is None and self.score is None:
             raise _field_error("correct", "feedback needs `correct` (0/1) and/or `score`")
         return self
@@ -353,7 +353,7 @@ class CostEvent(_Joined):
     price_version: Identifier | None = None
 
     @model_validator(mode="after")
-    def _attributable(self) -> "CostEvent":
+    def _attributable(self) -> CostEvent:
         if self.trace_id is None and (self.resource is None or self.period_start is None or self.period_end is None):
             raise _field_error("trace_id", "cost needs a trace_id, or a resource with period_start and period_end")
         if self.period_start and self.period_end and self.period_end < self.period_start:

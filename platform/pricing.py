@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,7 +47,7 @@ def parse_price_table(data: dict) -> PriceTable:
                 raise ValueError(f"prices.versions[{i}].{key}: missing")
         when = datetime.fromisoformat(raw["effective_from"])
         if when.tzinfo is None:
-            when = when.replace(tzinfo=timezone.utc)
+            when = when.replace(tzinfo=UTC)
         prices = {k: float(v) for k, v in raw["per_device_hour"].items()}
         if any(p < 0 for p in prices.values()):
             raise ValueError(f"prices.versions[{i}].per_device_hour: prices must be >= 0")

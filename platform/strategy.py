@@ -32,8 +32,17 @@ from enum import StrEnum
 from typing import Annotated, Any, Literal, Protocol
 
 import re2
-from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationInfo, field_validator, model_serializer,
-                      model_validator)
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 STRATEGY_SCHEMA_VERSION = 1
 
@@ -80,7 +89,7 @@ class Batching(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _slo_needs_adaptive(self) -> "Batching":
+    def _slo_needs_adaptive(self) -> Batching:
         slo_set = [name for name in ("ttft_slo_ms", "tpot_slo_ms", "shed_late") if getattr(self, name) not in (None, False)]
         if slo_set and self.policy is not BatchingPolicy.adaptive:
             raise ValueError(f"batching.{slo_set[0]} is set but batching.policy is '{self.policy.value}'; SLOs steer the adaptive policy only")
@@ -111,7 +120,7 @@ class Strategy(_Frozen):
     )
 
     @model_validator(mode="after")
-    def _coherent(self) -> "Strategy":
+    def _coherent(self) -> Strategy:
         if self.batching.policy is BatchingPolicy.none and self.batching.max_batch != Batching().max_batch:
             raise ValueError("batching.max_batch is set but batching.policy is 'none'")
         return self
@@ -140,7 +149,7 @@ class Strategy(_Frozen):
         return flat
 
     @classmethod
-    def runtime_view(cls, strategy: "Mapping[str, Any] | None") -> "Strategy":
+    def runtime_view(cls, strategy: Mapping[str, Any] | None) -> Strategy:
         """The in-repo runtime's typed strategy from any stored strategy mapping: the
         built-in factors only (gateway and declared factors are not the runtime's)."""
         data = dict(strategy or {})
@@ -185,7 +194,7 @@ _RESERVED_TOP = frozenset(Strategy.model_fields) | frozenset(GATEWAY_FACTORS)
 class FactorChecker(Protocol):
     """What validation needs from a factor catalog (``ablab.platform.registry.factors.catalog``)."""
 
-    def problems(self, strategy: "OpenStrategy") -> list[tuple[str, str]]: ...
+    def problems(self, strategy: OpenStrategy) -> list[tuple[str, str]]: ...
 
 
 def json_level(value: Any, where: str, *, lists: bool) -> Any:
@@ -369,7 +378,7 @@ class OpenStrategy(Strategy):
         return out
 
     @model_validator(mode="after")
-    def _declared_values(self, info: ValidationInfo) -> "OpenStrategy":
+    def _declared_values(self, info: ValidationInfo) -> OpenStrategy:
         catalog = (info.context or {}).get("factors") if isinstance(info.context, Mapping) else None
         if catalog is not None:
             problems = catalog.problems(self)

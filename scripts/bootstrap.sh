@@ -29,6 +29,11 @@ if [ ! -f "$deps/.complete" ]; then
   "$deps/bin/pip" install --quiet --no-deps -r requirements-nodeps.lock
   touch "$deps/.complete"
 fi
+lint_key=$(sha256sum requirements-lint.lock | cut -c1-16)
+if [ ! -f "$deps/.lint-$lint_key" ]; then
+  "$deps/bin/pip" install --quiet --no-deps -r requirements-lint.lock
+  touch "$deps/.lint-$lint_key"
+fi
 
 # The real-LLM backend (llama-cpp-python + SmolLM2): its wheel builds from source once per
 # version into $CACHE_ROOT/wheels. ABLAB_LLM=wait (the test command) waits for the build with

@@ -75,7 +75,7 @@ class AnalyticsStore:
             try:
                 self.loader.run(self._loader_stop)
                 delay = 1.0
-            except Exception as exc:  # noqa: BLE001 - retried; the loader commits offsets only after inserts
+            except Exception as exc:
                 log.warning("loader stopped (%s: %s); retrying in %.0f s", type(exc).__name__, exc, delay)
                 self._loader_stop.wait(delay)
                 delay = min(delay * 2, 30.0)
@@ -175,5 +175,5 @@ class AnalyticsStore:
         if close is not None:
             try:
                 close()
-            except Exception:  # noqa: BLE001 - closing is best effort at shutdown
+            except Exception:
                 log.debug("closing the ClickHouse client failed", exc_info=True)

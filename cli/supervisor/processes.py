@@ -104,7 +104,7 @@ class Supervisor:
                 return "reused"
         elif (pid := self.pid(service.name)) is not None and (service.background or self._await_running(service, pid)):
             return "reused"
-        log = open(self.log_dir / f"{service.name}.log", "ab")  # noqa: SIM115 - handed to the child
+        log = open(self.log_dir / f"{service.name}.log", "ab")
         env = {**os.environ, **service.env}
         process = subprocess.Popen(
             service.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True

@@ -17,11 +17,11 @@ from ablab.dashboards import forms
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import STATUS_BADGES, fmt_pct, md_escape, metric_label
 from ablab.dashboards.views.common import Context, call, field_error, goto
+from ablab.dashboards.views.strategy import factors_panel, load_catalog, strategy_picker
 from ablab.platform.assignment.targeting import Op
 from ablab.platform.fields import FIELDS, SLO_FIELDS
-from ablab.platform.stats.metrics import METRICS
-from ablab.dashboards.views.strategy import factors_panel, load_catalog, strategy_picker
 from ablab.platform.registry.factors.catalog import FactorCatalog
+from ablab.platform.stats.metrics import METRICS
 from ablab.platform.strategy import Strategy, open_strategy
 
 MAX_VARIANTS = 8
@@ -115,7 +115,7 @@ def _metrics(prefix: str, current: dict[str, Any] | None, errors: dict[str, str]
     custom, segments = _custom_metrics(prefix, current, errors)
     custom_names = [m["name"] for m in custom if m.get("name")]
     names = [*METRICS, *(n for n in custom_names if n not in METRICS)]
-    label = lambda m: f"{metric_label(m)} ({m})" if m in METRICS else f"{m} (custom)"  # noqa: E731
+    label = lambda m: f"{metric_label(m)} ({m})" if m in METRICS else f"{m} (custom)"
     primary = st.multiselect("Primary metrics (decide ship / don't ship)", names, key=f"{prefix}_primary", format_func=label,
                              default=[m for m in current.get("primary", ["e2e_ms"]) if m in names],
                              help="Good direction comes from the catalogue: latency and cost lower, accuracy higher; "
@@ -250,10 +250,10 @@ def _form(ctx: Context, prefix: str, current: dict[str, Any] | None, errors: dic
                                     help="user: same variant for a person across sessions; request: each request drawn anew.")
         layers = call(ctx.client.layers, what="load layers") or []
         holdouts = call(ctx.client.holdouts, what="load holdouts") or []
-        layer = c2.selectbox("Layer (mutually exclusive experiments)", ["none", *[l["key"] for l in layers]], key=f"{prefix}_layer")
+        layer = c2.selectbox("Layer (mutually exclusive experiments)", ["none", *[lay["key"] for lay in layers]], key=f"{prefix}_layer")
         if layer != "none":
             body["layer"] = layer
-            free = next((l["free_share"] for l in layers if l["key"] == layer), 1.0)
+            free = next((lay["free_share"] for lay in layers if lay["key"] == layer), 1.0)
             _init(f"{prefix}_lshare", max(1, min(100, int(100 * free))))
             body["layer_share"] = c2.slider(f"Share of the layer (free: {fmt_pct(free, digits=0)})", 1, 100, key=f"{prefix}_lshare") / 100
         with c2:

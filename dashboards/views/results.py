@@ -22,8 +22,21 @@ import streamlit as st
 from ablab.dashboards import charts
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import (
-    DECISION_BADGES, STATUS_BADGES, VERDICT_HELP, cuped_table, fmt_count, fmt_p, fmt_pct, fmt_value,
-    guardrail_reasons, guardrail_table, md_escape, metric_label, power_table, results_csv, results_table,
+    DECISION_BADGES,
+    STATUS_BADGES,
+    VERDICT_HELP,
+    cuped_table,
+    fmt_count,
+    fmt_p,
+    fmt_pct,
+    fmt_value,
+    guardrail_reasons,
+    guardrail_table,
+    md_escape,
+    metric_label,
+    power_table,
+    results_csv,
+    results_table,
 )
 from ablab.dashboards.views import custom_metrics, live, segments, shadows, tables, variants
 from ablab.dashboards.views.common import Context, goto, show_api_error

@@ -10,7 +10,12 @@ import streamlit as st
 
 from ablab.dashboards import charts
 from ablab.dashboards.format import (
-    heterogeneity_table, md_escape, metric_label, ordered_metrics, segment_detail_table, segment_values_table,
+    heterogeneity_table,
+    md_escape,
+    metric_label,
+    ordered_metrics,
+    segment_detail_table,
+    segment_values_table,
 )
 from ablab.dashboards.views import tables
 from ablab.dashboards.views.nav import open_view

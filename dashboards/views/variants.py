@@ -9,8 +9,15 @@ from typing import Any
 import streamlit as st
 
 from ablab.dashboards.format import (
-    DECISION_BADGES, VERDICT_HELP, fmt_pct, guardrail_reasons, guardrail_table, md_escape, strategy_table,
-    variant_table, variants_table,
+    DECISION_BADGES,
+    VERDICT_HELP,
+    fmt_pct,
+    guardrail_reasons,
+    guardrail_table,
+    md_escape,
+    strategy_table,
+    variant_table,
+    variants_table,
 )
 from ablab.dashboards.views import tables
 from ablab.dashboards.views.common import Context

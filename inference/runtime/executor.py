@@ -17,9 +17,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ablab.inference.model.lora import AdapterBank, LoRAWeights
 from ablab.inference.model.transformer import TinyLM
 from ablab.inference.runtime.attention import sharded_attention
-from ablab.inference.model.lora import AdapterBank, LoRAWeights
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS, INT8_SPARSE_GATHER, use_int8
 from ablab.inference.runtime.single import SingleDecode
 from ablab.inference.runtime.sparse_ffn import GATHER_MAX_TOKENS, BaseCalibration, FFNTables, Predictor, sparse_ffn
@@ -55,8 +55,9 @@ class KVPool:
 
 def quantize_int8(model: TinyLM) -> TinyLM:
     """Dynamic INT8: Linear weights stored int8, activations quantized per call (fbgemm)."""
-    from torch.ao.quantization import quantize_dynamic
     import warnings
+
+    from torch.ao.quantization import quantize_dynamic
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -329,7 +330,7 @@ class Executor:
             return x + ffn
         return x + self._dense_ffn(j, h, lora)
 
-    def _ragged_layer(self, j: int, x: torch.Tensor, *, pool: KVPool, lay: "_Ragged", rows) -> torch.Tensor:
+    def _ragged_layer(self, j: int, x: torch.Tensor, *, pool: KVPool, lay: _Ragged, rows) -> torch.Tensor:
         """`_layer` over flat tokens x [N, 1, d]: projections per token, attention per sequence."""
         blk = self.model.blocks[j]
         c = self.cfg

@@ -47,7 +47,7 @@ class Predictor:
             return torch.addmm(bias, torch.mm(x, self.p1), self.p2)
         return torch.matmul(torch.matmul(x, self.p1), self.p2) + bias
 
-    def to(self, device: torch.device | str, dtype: torch.dtype) -> "Predictor":
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> Predictor:
         neurons = None if self.neurons is None else self.neurons.to(device)
         return Predictor(self.p1.to(device, dtype), self.p2.to(device, dtype), neurons, self.cap)
 
@@ -57,7 +57,7 @@ class Predictor:
             return None, k
         return self.neurons, max(1, min(k, self.cap or k, len(self.neurons)))
 
-    def restricted(self, neurons: torch.Tensor | None) -> "Predictor":
+    def restricted(self, neurons: torch.Tensor | None) -> Predictor:
         """The predictor scoring only `neurons` (in that order), as the tables hold them."""
         if neurons is None:
             return self
@@ -96,7 +96,7 @@ class FFNTables:
     @classmethod
     def from_linear(
         cls, up: torch.nn.Linear, down: torch.nn.Linear, *, dtype: torch.dtype, int8: bool, neurons: torch.Tensor | None = None
-    ) -> "FFNTables":
+    ) -> FFNTables:
         up_w = up.weight.detach().float()
         up_b = up.bias.detach().float()
         down_wt = down.weight.detach().float().T
@@ -135,7 +135,7 @@ class BaseCalibration:
     k: int
 
     @classmethod
-    def of(cls, neurons: torch.Tensor, k: int, *, d_ff: int, dtype: torch.dtype, device) -> "BaseCalibration":
+    def of(cls, neurons: torch.Tensor, k: int, *, d_ff: int, dtype: torch.dtype, device) -> BaseCalibration:
         penalty = torch.full((d_ff,), float("-inf"), dtype=dtype, device=device)
         penalty[neurons.to(device)] = 0
         return cls(penalty, k)

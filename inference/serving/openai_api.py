@@ -92,7 +92,7 @@ class OpenAIError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
 
 
-def _plan(worker: Worker, body: _Body):  # noqa: ANN202 - ServingPlan
+def _plan(worker: Worker, body: _Body):
     try:
         strategy = Strategy.model_validate(body.ablab_strategy) if body.ablab_strategy is not None else worker.default_strategy
     except ValidationError as exc:
@@ -220,11 +220,11 @@ def register_openai_routes(app: FastAPI, worker: Worker) -> None:
         return JSONResponse(shape.full(served.output, _finish(served, body.new_tokens), _usage(served)), headers=headers)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request, body: ChatRequest):  # noqa: ANN202
+    async def chat_completions(request: Request, body: ChatRequest):
         return await _serve(request, body, _check_prompt(body.prompt(), "messages"), chat=True)
 
     @app.post("/v1/completions")
-    async def completions(request: Request, body: CompletionRequest):  # noqa: ANN202
+    async def completions(request: Request, body: CompletionRequest):
         return await _serve(request, body, _check_prompt(body.text(), "prompt"), chat=False)
 
     @app.get("/v1/models")

@@ -16,12 +16,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ablab.platform.pricing import PriceTable, load_price_table
 from ablab.inference.registry import StrategyNotServable, plan_for
 from ablab.inference.serving import events as ev
 from ablab.inference.serving.assigners import Assigner
 from ablab.inference.serving.service import InferenceService
 from ablab.inference.tasks import DOMAINS
+from ablab.platform.pricing import PriceTable, load_price_table
 from ablab.platform.strategy import Strategy, open_strategy
 
 

@@ -99,7 +99,7 @@ def reweight(sessions: sessionmaker[Session], client: Any, settings: Settings) -
     for exp in reads:
         try:
             step = plan(client, exp, settings)
-        except Exception:  # noqa: BLE001 - one broken experiment must not stop the others
+        except Exception:
             log.exception("allocator pass on %s failed", exp.key)
             continue
         if "weights" in step and "skipped" not in step:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-def write_events(events: "pd.DataFrame", path: str | Path) -> Path:
+def write_events(events: pd.DataFrame, path: str | Path) -> Path:
     """Parquet for ``.parquet``/``.pq``, JSON Lines otherwise (ISO times in ms)."""
     path = Path(path)
     if path.suffix.lower() in (".parquet", ".pq"):

@@ -38,13 +38,13 @@ def enforce_guardrails(
         try:  # the maintenance step that keeps results reads free of writes
             if sync_rollup is not None:
                 service.sync_rollup(sync_rollup, exp, settings=settings)
-        except Exception:  # noqa: BLE001 - one broken experiment must not stop the others
+        except Exception:
             log.exception("rollup maintenance of %s failed", exp.key)
         if not exp.guardrails:
             continue
         try:
             result = service.results(client, exp, settings=settings)
-        except Exception:  # noqa: BLE001 - one broken experiment must not stop the others
+        except Exception:
             log.exception("guardrail check of %s failed", exp.key)
             continue
         live = {v.key for v in exp.variants if not v.paused}
@@ -79,7 +79,7 @@ class GuardrailMonitor:
         while not self._stop.wait(self._interval_s):
             try:
                 enforce_guardrails(self._sessions, self._client, self._settings, sync_rollup=self._sync_rollup)
-            except Exception:  # noqa: BLE001 - keep monitoring
+            except Exception:
                 log.exception("guardrail pass failed")
             self.allocate_if_due()
 
@@ -93,7 +93,7 @@ class GuardrailMonitor:
         self._allocated_at = now
         try:
             return reweight(self._sessions, self._client, self._settings)
-        except Exception:  # noqa: BLE001 - keep monitoring
+        except Exception:
             log.exception("allocator pass failed")
             return []
 

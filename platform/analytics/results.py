@@ -52,12 +52,12 @@ class StoreAggregates:
     histograms: dict[str, dict[str, HistogramStats]] | None = None
 
 
-def _columns(client: "Client", sql: str, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
+def _columns(client: Client, sql: str, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
     table = client.query_arrow(sql, parameters=dict(params))
     return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
 
-def _exposures(client: "Client", spec: ExperimentSpec, *, final: bool) -> dict[str, float] | None:
+def _exposures(client: Client, spec: ExperimentSpec, *, final: bool) -> dict[str, float] | None:
     exp = _columns(client, f"""
         SELECT toString(variant) AS variant, uniqExact(unit_id) AS units FROM raw_events {'FINAL' if final else ''}
         WHERE type = 'exposure' AND experiment = {{experiment:String}} GROUP BY variant
@@ -68,7 +68,7 @@ def _exposures(client: "Client", spec: ExperimentSpec, *, final: bool) -> dict[s
     return {v.key: float(got.get(v.key, 0)) for v in spec.variants}
 
 
-def _top_values(client: "Client", sql: ua.StoreSQL) -> dict[str, list[str]]:
+def _top_values(client: Client, sql: ua.StoreSQL) -> dict[str, list[str]]:
     if sql.top_values is None:
         return {}
     rows = client.query(sql.top_values, parameters=sql.params).result_rows
@@ -78,7 +78,7 @@ def _top_values(client: "Client", sql: ua.StoreSQL) -> dict[str, list[str]]:
     return top
 
 
-def aggregates_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> StoreAggregates:
+def aggregates_from_raw(client: Client, spec: ExperimentSpec, *, final: bool = True) -> StoreAggregates:
     """Everything the engine reads, from one scan of ``raw_events`` (plus the small queries)."""
     plan = ua.plan(spec)
     # the billing join only when there is billing (a primary-key range check, milliseconds)
@@ -130,7 +130,7 @@ def rollup_applies(spec: ExperimentSpec) -> bool:
     return ua.rollup_unsupported(ua.plan(spec), spec, ua.ROLLUP_SUMS) is None
 
 
-def rollup_current(client: "Client", spec: ExperimentSpec) -> bool:
+def rollup_current(client: Client, spec: ExperimentSpec) -> bool:
     """True when every ``unit_stats`` row of the experiment was computed under its SLOs and
     the current rollup layout, and no request precedes ``spec.start`` (rollup sums are
     all-time sums)."""
@@ -147,7 +147,7 @@ def rollup_current(client: "Client", spec: ExperimentSpec) -> bool:
     return not stale
 
 
-def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, units: dict[str, np.ndarray]) -> Segments:
+def _rollup_segments(client: Client, spec: ExperimentSpec, plan: ua.UnitPlan, units: dict[str, np.ndarray]) -> Segments:
     """Per-segment statistics from ``unit_segment_stats``: the top values by requests, the
     rest folded into "(other)"; a unit with no row for a dimension is all "(none)"."""
     out: Segments = {}
@@ -198,7 +198,7 @@ def _rollup_segments(client: "Client", spec: ExperimentSpec, plan: ua.UnitPlan, 
     return out
 
 
-def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
+def aggregates_from_rollup(client: Client, spec: ExperimentSpec) -> StoreAggregates:
     """Per-variant (and per-segment) statistics from ``unit_stats`` / ``unit_segment_stats``
     (about one row per unit, and per unit and segment value), read only."""
     plan = ua.plan(spec)
@@ -241,19 +241,19 @@ def aggregates_from_rollup(client: "Client", spec: ExperimentSpec) -> StoreAggre
     return StoreAggregates(stats, _exposures(client, spec, final=False), segments, "rollup", units, histograms)
 
 
-def aggregates(client: "Client", spec: ExperimentSpec) -> StoreAggregates:
+def aggregates(client: Client, spec: ExperimentSpec) -> StoreAggregates:
     """The fastest exact source: the rollup where it applies and is current, else the raw scan."""
     if rollup_applies(spec) and rollup_current(client, spec):
         return aggregates_from_rollup(client, spec)
     return aggregates_from_raw(client, spec)
 
 
-def variant_stats(client: "Client", spec: ExperimentSpec) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
+def variant_stats(client: Client, spec: ExperimentSpec) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
     agg = aggregates(client, spec)
     return agg.stats, agg.exposures
 
 
-def shadow_pairs(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> pr.ShadowPairs | None:
+def shadow_pairs(client: Client, spec: ExperimentSpec, *, final: bool = True) -> pr.ShadowPairs | None:
     """The experiment's shadow requests, each with its primary (issue 34), from ``raw_events``;
     None when it has no shadow activity, which one probe finds out (no FINAL, three columns:
     milliseconds), so results without shadows pay that one query. The SQL is
@@ -283,25 +283,25 @@ def _floats(column: np.ndarray) -> np.ndarray:
     return column.astype(float)
 
 
-def _analyze(client: "Client", spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
+def _analyze(client: Client, spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
     return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments,
                    shadows=shadow_pairs(client, spec))
 
 
-def results(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+def results(client: Client, spec: ExperimentSpec) -> dict[str, Any]:
     """``GET /v1/experiments/{key}/results`` from the store."""
     return _analyze(client, spec, aggregates(client, spec))
 
 
-def results_from_raw(client: "Client", spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
+def results_from_raw(client: Client, spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
     return _analyze(client, spec, aggregates_from_raw(client, spec, final=final))
 
 
-def results_from_rollup(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+def results_from_rollup(client: Client, spec: ExperimentSpec) -> dict[str, Any]:
     return _analyze(client, spec, aggregates_from_rollup(client, spec))
 
 
-def attribution(client: "Client", spec: ExperimentSpec) -> dict[str, Any]:
+def attribution(client: Client, spec: ExperimentSpec) -> dict[str, Any]:
     """``GET /v1/experiments/{key}/attribution`` from the store."""
     from ablab.platform.stats.attribution import attribute
 

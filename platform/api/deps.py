@@ -15,7 +15,6 @@ from ablab.platform.registry import service as registry
 from ablab.platform.registry.db import transaction
 from ablab.platform.registry.schemas import ExperimentRead, Scope
 
-
 # Integer columns are 64-bit at most; a larger offset or id used to reach the database and
 # fail there (500). Bounded here, it is a 422 naming the parameter.
 MAX_OFFSET = 1_000_000_000

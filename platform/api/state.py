@@ -126,7 +126,7 @@ class TokenCache:
                 cursor.execute(_AUTH_REVISION_SQL)
                 row = cursor.fetchone()
                 cursor.close()
-            except Exception as exc:  # noqa: BLE001 - any driver error: drop the connection, retry once
+            except Exception as exc:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         conn.invalidate()

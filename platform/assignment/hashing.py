@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import mmh3
 import numpy as np
 
+
 def murmur3_32(key: str | bytes) -> int:
     return mmh3.hash(key, 0, signed=False)
 

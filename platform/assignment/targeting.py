@@ -200,7 +200,7 @@ class Unsatisfiable:
     attribute: str
     reason: str
 
-    def matches(self, attributes: Mapping[str, Any]) -> bool:  # noqa: ARG002 - same shape as Condition
+    def matches(self, attributes: Mapping[str, Any]) -> bool:
         return False
 
 

@@ -48,7 +48,7 @@ class Outbox:
         self._validate, self._rejection = validate_event, Rejection
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
-        self._lockfile = open(self.directory / ".gateway.lock", "w")  # noqa: SIM115 - held for life
+        self._lockfile = open(self.directory / ".gateway.lock", "w")
         try:
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -57,7 +57,7 @@ class Outbox:
                 f"outbox {self.directory} belongs to another running gateway; give this one its own --outbox DIR"
             ) from None
         name = f"gateway-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}.jsonl"
-        self._file = open(self.directory / name, "ab", buffering=0)  # noqa: SIM115 - one write() per event
+        self._file = open(self.directory / name, "ab", buffering=0)
         self._lock = threading.Lock()
         self.written = 0
         self.refused = 0

@@ -85,7 +85,7 @@ def strategy_id(strategy: dict[str, Any] | Any) -> str:
         from ablab.platform.strategy import Strategy
 
         return Strategy.model_validate(dict(strategy)).content_hash
-    except Exception:  # noqa: BLE001 - factors this build's model does not know
+    except Exception:
         canonical = json.dumps(strategy, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]
 

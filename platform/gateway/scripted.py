@@ -58,7 +58,7 @@ class ScriptedBackend:
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> "ScriptedBackend":
+    def start(self) -> ScriptedBackend:
         ready = threading.Event()
 
         def run() -> None:
@@ -92,7 +92,7 @@ class ScriptedBackend:
         if self._thread is not None:
             self._thread.join(5)
 
-    def __enter__(self) -> "ScriptedBackend":
+    def __enter__(self) -> ScriptedBackend:
         return self.start()
 
     def __exit__(self, *_: object) -> None:

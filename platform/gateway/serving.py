@@ -202,7 +202,7 @@ class OpenAIServing:
         return StreamingResponse(self._relay(call, resp, meter), status_code=resp.status_code,
                                  media_type="text/event-stream", headers={**out_headers, **protocol.SSE_HEADERS})
 
-    async def _whole(self, call: "_Call", resp: httpx.Response, out_headers: dict[str, str]) -> Response:
+    async def _whole(self, call: _Call, resp: httpx.Response, out_headers: dict[str, str]) -> Response:
         try:
             data = await resp.aread()
         except httpx.HTTPError as exc:
@@ -230,7 +230,7 @@ class OpenAIServing:
         headers.update(out_headers)
         return Response(data, status_code=resp.status_code, headers=headers)
 
-    async def _relay(self, call: "_Call", resp: httpx.Response, meter: StreamMeter) -> AsyncIterator[bytes]:
+    async def _relay(self, call: _Call, resp: httpx.Response, meter: StreamMeter) -> AsyncIterator[bytes]:
         stats = meter.stats
         finished = False
         clock = time.perf_counter
@@ -303,7 +303,7 @@ _BACKEND_FAILURES = {
 }
 
 
-def _backend_failed(call: "_Call", exc: httpx.HTTPError, headers: dict[str, str], *, stage: str) -> Response:
+def _backend_failed(call: _Call, exc: httpx.HTTPError, headers: dict[str, str], *, stage: str) -> Response:
     """Record the failure on the call and answer 504 (timeout) or 502."""
     timed_out, error, broke = _BACKEND_FAILURES[stage]
     if isinstance(exc, httpx.TimeoutException):

@@ -85,7 +85,7 @@ class ShadowSpec:
     strategy_id: str
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any] | None) -> "ShadowSpec | None":
+    def parse(cls, raw: Mapping[str, Any] | None) -> ShadowSpec | None:
         """From the SDK config's ``shadow`` mapping (the registry validated it); None when
         absent or, from a config this build does not understand, malformed (logged)."""
         if not raw:
@@ -338,7 +338,7 @@ class ShadowRunner:
             entered = False
             slot.release()
             raise
-        except Exception:  # noqa: BLE001 - a shadow never takes anything down with it
+        except Exception:
             log.exception("shadow %s failed", job.trace_id)
             out.error = "shadow_internal_error"
         finally:
@@ -348,7 +348,7 @@ class ShadowRunner:
         return self._finish(job, backend, model, ts, out, entered=entered)
 
     async def _exchange(self, client: httpx.AsyncClient, url: str, content: bytes, headers: dict[str, str], stream: bool,
-                        translator: Any, out: "_Outcome") -> None:
+                        translator: Any, out: _Outcome) -> None:
         clock = time.perf_counter
         async with client.stream("POST", url, content=content, headers=headers) as resp:
             out.connected = True
@@ -393,7 +393,7 @@ class ShadowRunner:
                 elif not s.done:
                     out.error = "backend_stream_incomplete"
 
-    def _finish(self, job: ShadowJob, backend: Backend, model: str | None, ts: datetime, out: "_Outcome",
+    def _finish(self, job: ShadowJob, backend: Backend, model: str | None, ts: datetime, out: _Outcome,
                 *, entered: bool = False) -> dict[str, Any] | None:
         end = out.end if out.end is not None else time.perf_counter()
         concurrency = 1.0
@@ -435,7 +435,7 @@ class ShadowRunner:
         if self.record is not None:
             try:
                 self.record([event])
-            except Exception:  # noqa: BLE001
+            except Exception:
                 log.exception("recording shadow %s failed", job.trace_id)
         return event
 
@@ -490,7 +490,7 @@ class BackgroundShadows:
     def decide(self, trace_id: str, experiment: str, spec: ShadowSpec | None) -> tuple[str | None, Slot | None]:
         return self.runner.decide(trace_id, experiment, spec)
 
-    def submit(self, job: ShadowJob, slot: Slot) -> "asyncio.Future[Any] | None":
+    def submit(self, job: ShadowJob, slot: Slot) -> asyncio.Future[Any] | None:
         loop = self._loop
         if loop is None or loop.is_closed():
             slot.release()
@@ -513,7 +513,7 @@ class BackgroundShadows:
         done: Awaitable[None] = self.runner.aclose()
         try:
             asyncio.run_coroutine_threadsafe(done, loop).result(timeout_s)  # type: ignore[arg-type]
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.warning("shadows did not stop within %.0f s", timeout_s)
         loop.call_soon_threadsafe(loop.stop)
         self._thread.join(timeout_s)

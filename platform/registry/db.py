@@ -24,7 +24,7 @@ def make_engine(url: str, *, revision_reader: bool = False) -> Engine:
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30}, **extra)
 
         @event.listens_for(engine, "connect")
-        def _sqlite_pragmas(dbapi_connection, _record) -> None:  # noqa: ANN001
+        def _sqlite_pragmas(dbapi_connection, _record) -> None:
             cursor = dbapi_connection.cursor()
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA journal_mode=WAL")

@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 from sqlalchemy.orm.exc import StaleDataError
 
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed
-from ablab.platform.registry.factors.service import check_strategies
 from ablab.platform.registry.audit import bump_revision, flush_new, record_audit
+from ablab.platform.registry.factors.service import check_strategies
 from ablab.platform.registry.models import Experiment, Holdout, Layer, Variant, aware, utcnow
 from ablab.platform.registry.schemas import (
     ExperimentCreate,

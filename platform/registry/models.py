@@ -5,7 +5,21 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Boolean, DateTime, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint, event, text
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Boolean,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    event,
+    text,
+)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
@@ -182,5 +196,5 @@ class WebhookDelivery(Base):
 
 @event.listens_for(AuditEntry, "before_update")
 @event.listens_for(AuditEntry, "before_delete")
-def _audit_is_append_only(_mapper, _connection, target: AuditEntry) -> None:  # noqa: ANN001
+def _audit_is_append_only(_mapper, _connection, target: AuditEntry) -> None:
     raise RuntimeError(f"audit log entry {target.id} is append-only")

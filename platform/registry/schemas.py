@@ -6,7 +6,16 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    AwareDatetime,
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from ablab.platform.assignment.targeting import MAX_ATTRIBUTE_NAME_CHARS, MAX_PATTERN_CHARS, Condition, Op
 from ablab.platform.strategy import OpenStrategy
@@ -149,7 +158,7 @@ class Guardrail(_Strict):
     pause: bool = Field(default=True, description="A breach pauses the variant automatically.")
 
     @model_validator(mode="after")
-    def _something(self) -> "Guardrail":
+    def _something(self) -> Guardrail:
         if self.max is None and self.min is None and self.margin is None:
             raise ValueError("a guardrail needs max, min (SLA) or margin (non-inferiority)")
         return self
@@ -172,7 +181,7 @@ class Metrics(_Strict):
     mde: dict[str, float] = Field(default_factory=dict, description="metric → relative MDE for power (default 0.05).")
 
     @model_validator(mode="after")
-    def _analyzable(self) -> "Metrics":
+    def _analyzable(self) -> Metrics:
         _engine_check(self.model_dump())
         return self
 
@@ -217,7 +226,7 @@ class ExperimentCreate(_Strict):
     shadow: ShadowIn | None = Field(default=None, description="Shadow traffic for every variant (one may set its own).")
 
     @model_validator(mode="after")
-    def _coherent(self) -> "ExperimentCreate":
+    def _coherent(self) -> ExperimentCreate:
         _check_variants(self.variants, self.control)
         if self.guardrails:  # a guardrail may name a custom metric: check them together
             _engine_check(self.metrics.model_dump(), [g.model_dump(exclude_none=True) for g in self.guardrails])

@@ -32,10 +32,10 @@ from ablab.platform.gateway.metering import Measurement, exposure_event, inferen
 from ablab.platform.gateway.protocol import estimate_tokens
 from ablab.platform.gateway.settings import Backend, Price
 
-_current: contextvars.ContextVar["Call | None"] = contextvars.ContextVar("ablab_call", default=None)
+_current: contextvars.ContextVar[Call | None] = contextvars.ContextVar("ablab_call", default=None)
 
 
-def current_call() -> "Call | None":
+def current_call() -> Call | None:
     """The call being tracked in this context (inside ``track`` or a ``tracked`` function)."""
     return _current.get()
 
@@ -77,7 +77,7 @@ class Call:
 
     # -- measurements -------------------------------------------------------------------
 
-    def start(self) -> "Call":
+    def start(self) -> Call:
         self._ts = datetime.now(UTC)
         self._start = time.perf_counter()
         return self
@@ -143,7 +143,7 @@ class Call:
             self.shadows.launch()
         return self.emitted
 
-    def __enter__(self) -> "Call":
+    def __enter__(self) -> Call:
         self._token = _current.set(self)
         return self.start()
 
@@ -156,7 +156,7 @@ class Call:
             if self._token is not None:
                 _current.reset(self._token)
 
-    async def __aenter__(self) -> "Call":
+    async def __aenter__(self) -> Call:
         return self.__enter__()
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

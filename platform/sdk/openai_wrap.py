@@ -40,7 +40,7 @@ def _prompt_text(messages: Any) -> str:
 
 
 def _prepare(ablab: Any, kwargs: dict[str, Any], templates: dict[str, str], price: Any,
-             shadows: "_ShadowSource | None" = None) -> tuple[Call, dict[str, Any], bool]:
+             shadows: _ShadowSource | None = None) -> tuple[Call, dict[str, Any], bool]:
     unit = kwargs.pop("ablab_unit", None) or kwargs.get("user")
     attributes = kwargs.pop("ablab_attributes", None)
     if not unit:

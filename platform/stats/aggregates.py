@@ -34,7 +34,7 @@ class VariantStats:
     # custom unit_mean / unit_sum metrics: one value per unit (the unit's mean or total)
     samples: Mapping[str, SampleStats] = field(default_factory=dict)
 
-    def __add__(self, other: "VariantStats") -> "VariantStats":
+    def __add__(self, other: VariantStats) -> VariantStats:
         def merge(a: Mapping, b: Mapping) -> dict:
             return {k: a[k] + b[k] if k in a and k in b else a.get(k, b.get(k)) for k in {*a, *b}}
 

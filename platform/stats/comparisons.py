@@ -20,8 +20,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from . import _dist
 
+from . import _dist
 from .quantiles import QuantileEstimate
 from .sequential import confidence_sequence_halfwidth, msprt_p_value
 from .sufficient import CupedStats, ProportionStats, RatioStats, SampleStats

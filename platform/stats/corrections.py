@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
 from . import _dist
 
 SRM_THRESHOLD = 0.001  # conventional: an SRM at p < 0.001 means the split itself is broken

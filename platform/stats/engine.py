@@ -15,15 +15,22 @@ import numpy as np
 
 from .aggregates import VariantStats
 from .comparisons import (
-    Comparison, cuped_mean_test, cuped_test, mean_ci, proportion_test, quantile_test, ratio_test, welch_test,
+    Comparison,
+    cuped_mean_test,
+    cuped_test,
+    mean_ci,
+    proportion_test,
+    quantile_test,
+    ratio_test,
+    welch_test,
 )
 from .corrections import adjust, homogeneity_test, srm_check
 from .decisions import decide, evaluate_guardrails
 from .metrics import METRICS, CustomMetric, MetricDef
 from .paired import ShadowPairs, shadow_rows
 from .power import power_row
-from .segments import segment_breakdown
 from .quantiles import QuantileEstimate, quantile_ci
+from .segments import segment_breakdown
 from .spec import ExperimentSpec
 from .sufficient import CupedStats, ProportionStats, RatioStats, SampleStats
 

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from . import _dist
 
+from . import _dist
 from .sufficient import HistogramStats
 
 

@@ -50,7 +50,7 @@ def cochran_q(effects: list[float], ses: list[float]) -> tuple[float, int, float
 
 
 def segment_breakdown(
-    spec: "ExperimentSpec", per_segment: Mapping[str, Mapping[str, Mapping[str, "VariantStats"]]]
+    spec: ExperimentSpec, per_segment: Mapping[str, Mapping[str, Mapping[str, VariantStats]]]
 ) -> list[dict[str, Any]]:
     from .engine import arm_estimate, compare_metric, empty_variant
 

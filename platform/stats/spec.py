@@ -100,7 +100,7 @@ class ExperimentSpec:
         return self.unit == "request"
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ExperimentSpec":
+    def from_dict(cls, data: Mapping[str, Any]) -> ExperimentSpec:
         return parse_spec(data)
 
 

@@ -44,7 +44,7 @@ class SampleStats:
     __add__ = _add
 
     @classmethod
-    def from_values(cls, values: np.ndarray) -> "SampleStats":
+    def from_values(cls, values: np.ndarray) -> SampleStats:
         v = np.asarray(values, dtype=float)
         return cls(float(v.size), float(v.sum()), float(np.dot(v, v)))
 
@@ -95,7 +95,7 @@ class RatioStats:
     __add__ = _add
 
     @classmethod
-    def from_values(cls, x: np.ndarray, y: np.ndarray) -> "RatioStats":
+    def from_values(cls, x: np.ndarray, y: np.ndarray) -> RatioStats:
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float)
         if x.shape != y.shape:
@@ -140,7 +140,7 @@ class CupedStats:
     sums: tuple[float, ...] = (0.0,) * 4
     cross: tuple[float, ...] = (0.0,) * 16
 
-    def __add__(self, other: "CupedStats") -> "CupedStats":
+    def __add__(self, other: CupedStats) -> CupedStats:
         if not isinstance(other, CupedStats):
             return NotImplemented
         return CupedStats(
@@ -150,12 +150,12 @@ class CupedStats:
         )
 
     @classmethod
-    def from_values(cls, x, y, px, py) -> "CupedStats":
+    def from_values(cls, x, y, px, py) -> CupedStats:
         m = np.vstack([np.asarray(v, dtype=float) for v in (x, y, px, py)])
         return cls(float(m.shape[1]), tuple(map(float, m.sum(axis=1))), tuple(map(float, (m @ m.T).ravel())))
 
     @classmethod
-    def from_sample(cls, values, covariate) -> "CupedStats":
+    def from_sample(cls, values, covariate) -> CupedStats:
         ones = np.ones(np.asarray(values).shape)
         return cls.from_values(values, ones, covariate, ones)
 
@@ -229,17 +229,17 @@ class HistogramStats:
         if self.counts.shape != (HIST_BUCKETS,):
             raise ValueError(f"histogram needs {HIST_BUCKETS} buckets, got shape {self.counts.shape}")
 
-    def __add__(self, other: "HistogramStats") -> "HistogramStats":
+    def __add__(self, other: HistogramStats) -> HistogramStats:
         if not isinstance(other, HistogramStats):
             return NotImplemented
         return HistogramStats(self.counts + other.counts)
 
     @classmethod
-    def from_values(cls, values: np.ndarray) -> "HistogramStats":
+    def from_values(cls, values: np.ndarray) -> HistogramStats:
         return cls(np.bincount(histogram_bucket(values), minlength=HIST_BUCKETS).astype(np.int64))
 
     @classmethod
-    def from_buckets(cls, buckets: np.ndarray, counts: np.ndarray) -> "HistogramStats":
+    def from_buckets(cls, buckets: np.ndarray, counts: np.ndarray) -> HistogramStats:
         out = np.zeros(HIST_BUCKETS, dtype=np.int64)
         np.add.at(out, np.asarray(buckets, dtype=np.int64), np.asarray(counts, dtype=np.int64))
         return cls(out)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC
 from typing import Any, Literal
 
 import numpy as np
@@ -527,14 +528,14 @@ def shadow_sql(spec: Any, sources: tuple[str, ...], *, final: bool = True, billi
 
 def start_ms(text: str) -> int:
     """``spec.start`` (ISO-8601; UTC when it names no zone) in epoch milliseconds."""
-    from datetime import datetime, timezone
+    from datetime import datetime
 
     try:
         moment = datetime.fromisoformat(str(text).replace(" ", "T"))
     except ValueError:
         raise ValueError(f"start: not an ISO-8601 time: {text!r}") from None
     if moment.tzinfo is None:
-        moment = moment.replace(tzinfo=timezone.utc)
+        moment = moment.replace(tzinfo=UTC)
     return int(round(moment.timestamp() * 1000))
 
 

@@ -44,7 +44,7 @@ class FlinkProcess:
         self.heap = heap
         self.process: subprocess.Popen[bytes] | None = None
 
-    def start(self) -> "FlinkProcess":
+    def start(self) -> FlinkProcess:
         env = dict(os.environ)
         env.setdefault("JVM_ARGS", self.heap)
         # The JVM's own log (job status, restores, checkpoint failures) next to ours, not in

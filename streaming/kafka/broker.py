@@ -35,9 +35,9 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from ablab.streaming.localhost import kill_pid, pid_alive, stop_pids
 from ablab.streaming.kafka import jars
 from ablab.streaming.kafka.topics import TOPICS, TopicSpec, create_topics
+from ablab.streaming.localhost import kill_pid, pid_alive, stop_pids
 
 TEMPLATE = jars.REPO_ROOT / "deploy" / "kafka" / "server.properties.template"
 LOG4J2_CONFIG = jars.REPO_ROOT / "deploy" / "kafka" / "log4j2.properties"

@@ -151,7 +151,7 @@ class Emitter:
         self._spool_queued(block=False)
         self._spool.close()
 
-    def __enter__(self) -> "Emitter":
+    def __enter__(self) -> Emitter:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -192,7 +192,6 @@ class Emitter:
             self._replay()
 
     def _send_direct(self, record: SpoolRecord) -> bool:
-        from kafka.errors import KafkaError
 
         seq = next(self._inflight_seq)
         with self._count_lock:

@@ -83,7 +83,7 @@ class StreamJobProbe:
     def _check(self, now: float) -> str:
         try:
             committed, ends = self._offsets()
-        except Exception as exc:  # noqa: BLE001 - the broker's own check says so; this one reports
+        except Exception as exc:
             self._close()
             return f"failed: cannot read the stream job's offsets ({type(exc).__name__}: {exc}); is Kafka up?"
         self.lag = sum(max(0, end - committed.get(p, 0)) for p, end in ends.items())
@@ -124,7 +124,7 @@ class StreamJobProbe:
             for client in self._clients:
                 try:
                     client.close()
-                except Exception:  # noqa: BLE001 - closing after a broker loss
+                except Exception:
                     log.debug("closing a readiness client failed", exc_info=True)
             self._clients = None
 

@@ -56,7 +56,7 @@ class SpoolRecord:
         return json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode("utf-8", errors="surrogateescape") + b"\n"
 
     @classmethod
-    def from_line(cls, line: bytes) -> "SpoolRecord":
+    def from_line(cls, line: bytes) -> SpoolRecord:
         data = json.loads(line.decode("utf-8", errors="surrogateescape"))
         key = data["key"]
         return cls(
@@ -84,7 +84,7 @@ class Spool:
         self.directory.mkdir(parents=True, exist_ok=True)
         self._fsync, self._fsync_interval_s, self._segment_bytes = fsync, fsync_interval_s, segment_bytes
         self._lock = threading.Lock()
-        self._lockfile = open(self.directory / ".lock", "w")  # noqa: SIM115 - held for the spool's life
+        self._lockfile = open(self.directory / ".lock", "w")
         try:
             fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -168,7 +168,7 @@ class Spool:
         self._close_active()
         path = self.directory / f"{_PREFIX}{self._next_seq:012d}{_SUFFIX}"
         self._next_seq += 1
-        self._active = open(path, "ab")  # noqa: SIM115 - closed by _close_active
+        self._active = open(path, "ab")
         self._active_path, self._active_bytes = path, 0
         _fsync_dir(self.directory)  # the new name survives a power loss too
 

@@ -55,10 +55,10 @@ import logging
 import threading
 import time
 from collections import Counter, defaultdict
-from datetime import UTC, datetime
 from collections.abc import Callable, Collection, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ablab.platform.events import Rejection, dead_letter_record
@@ -166,7 +166,7 @@ class Loader:
 
     def __init__(
         self,
-        client: "Client",
+        client: Client,
         bootstrap: str,
         *,
         group_id: str = "ablab-loader",
@@ -331,7 +331,7 @@ class Loader:
             try:
                 self.run(stop_event)
                 delay = 1.0
-            except Exception as exc:  # noqa: BLE001 - retried; offsets are committed only after the writes
+            except Exception as exc:
                 self.stats.restarts += 1
                 self.stats.last_error = f"{type(exc).__name__}: {str(exc)[:300]}"
                 log.warning("loader stopped (%s); reconnecting in %.0f s", self.stats.last_error, delay)
@@ -352,7 +352,7 @@ class Loader:
         try:
             behind = any(self._consumer.position(tp) < end for tp, end in self._per_batch_until.items()
                          if tp in self._consumer.assignment())
-        except Exception:  # noqa: BLE001 - a partition moved away: the new owner replays it
+        except Exception:
             behind = False
         if not behind:
             self._per_batch_until = {}
@@ -474,7 +474,7 @@ class Loader:
             return
         try:
             recomputed = rollup.recompute_touched(self.client, self._dirty)
-        except Exception as exc:  # noqa: BLE001 - told apart below: the store's failure or a row's
+        except Exception as exc:
             self._check_store(exc)
             raise _RecomputeRefused(f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}") from exc
         self.stats.rollup_units += sum(recomputed.values())
@@ -506,7 +506,7 @@ class Loader:
         try:
             self._insert(table, rows, recompute=recompute)
             return
-        except Exception as exc:  # noqa: BLE001 - told apart below: the store's failure or a row's
+        except Exception as exc:
             error = exc
         self._check_store(error)
         if len(rows) == 1:
@@ -534,7 +534,7 @@ class Loader:
     def _check_store(self, error: BaseException) -> None:
         try:
             self.client.query("SELECT 1")
-        except Exception as probe:  # noqa: BLE001
+        except Exception as probe:
             raise StoreUnavailable(f"{type(error).__name__}: {str(error)[:200]} (and SELECT 1 failed: {probe})") from error
 
     def _refuse_stored_row(self, table: str, row: tuple[Any, ...], origin: _Origin, error: BaseException) -> _DeadLetter:
@@ -575,7 +575,7 @@ class Loader:
             if not partitions:
                 return
             ends = self._consumer.end_offsets(partitions)
-        except Exception:  # noqa: BLE001 - lag is a gauge; a failed look-up leaves the last value
+        except Exception:
             log.debug("loader: end offsets unavailable", exc_info=True)
             return
         for tp, end in ends.items():

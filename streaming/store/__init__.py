@@ -1,7 +1,7 @@
 """ClickHouse store: the one client factory, DDL migrations, parameterized queries."""
 
 from ablab.streaming.store.client import StoreURLError, get_clickhouse_client, make_client
-from ablab.streaming.store.ddl import apply_ddl, applied_versions, migration_files
+from ablab.streaming.store.ddl import applied_versions, apply_ddl, migration_files
 
 __all__ = [
     "StoreURLError",

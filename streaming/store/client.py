@@ -27,7 +27,7 @@ class StoreURLError(ValueError):
     """A ClickHouse URL that names no usable store."""
 
 
-def make_client(url: str, *, settings: dict[str, object] | None = None) -> "Client":
+def make_client(url: str, *, settings: dict[str, object] | None = None) -> Client:
     """A client for ``url``: ``chdb://…`` embedded, ``http(s)://…`` server."""
     import clickhouse_connect
 
@@ -58,6 +58,6 @@ def make_client(url: str, *, settings: dict[str, object] | None = None) -> "Clie
     raise StoreURLError(f"clickhouse_url {url!r}: scheme must be chdb, http or https, got {scheme or 'none'!r}")
 
 
-def get_clickhouse_client(settings: "Settings") -> "Client":
+def get_clickhouse_client(settings: Settings) -> Client:
     """The store named by ``settings.resolved_clickhouse_url`` (embedded chDB by default)."""
     return make_client(settings.resolved_clickhouse_url)

@@ -8,9 +8,9 @@ by a crash is simply applied again. ``ablab db upgrade`` calls :func:`apply_ddl`
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import re
 from dataclasses import dataclass
-import importlib.util
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,7 +66,7 @@ def split_statements(sql: str) -> list[str]:
     return [part.strip() for part in re.split(r";\s*(?:\n|$)", body) if part.strip()]
 
 
-def _ensure_table(client: "Client") -> None:
+def _ensure_table(client: Client) -> None:
     client.command(
         f"CREATE TABLE IF NOT EXISTS {MIGRATIONS_TABLE} "
         "(version UInt32, name String, checksum String, applied_at DateTime64(3, 'UTC') DEFAULT now64(3)) "
@@ -74,14 +74,14 @@ def _ensure_table(client: "Client") -> None:
     )
 
 
-def applied_versions(client: "Client") -> dict[int, str]:
+def applied_versions(client: Client) -> dict[int, str]:
     """version → checksum of the migrations already applied."""
     _ensure_table(client)
     rows = client.query(f"SELECT version, argMax(checksum, applied_at) FROM {MIGRATIONS_TABLE} GROUP BY version").result_rows
     return {int(version): checksum for version, checksum in rows}
 
 
-def apply_ddl(client: "Client", *, directory: Path | None = None) -> list[str]:
+def apply_ddl(client: Client, *, directory: Path | None = None) -> list[str]:
     """Apply the migrations not yet applied; return their names (empty when up to date).
 
     A changed file that was already applied is refused: write a new numbered file instead.

@@ -52,12 +52,12 @@ _INFERENCE_IN_RANGE = _INFERENCE + """
 """
 
 
-def _rows(client: "Client", sql: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
+def _rows(client: Client, sql: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
     result = client.query(sql, parameters=parameters)
     return [dict(zip(result.column_names, row)) for row in result.result_rows]
 
 
-def variant_unit_aggregates(client: "Client", *, experiment: str) -> list[dict[str, Any]]:
+def variant_unit_aggregates(client: Client, *, experiment: str) -> list[dict[str, Any]]:
     """Per (variant, unit_id): request count, errors, sums and sums of squares of
     e2e/ttft/tpot/cost, and labeled/correct counts of the requests' labels."""
     sql = f"""
@@ -85,7 +85,7 @@ def variant_unit_aggregates(client: "Client", *, experiment: str) -> list[dict[s
     return rows
 
 
-def feedback_by_window(client: "Client", *, experiment: str) -> list[dict[str, Any]]:
+def feedback_by_window(client: Client, *, experiment: str) -> list[dict[str, Any]]:
     """Labels per (variant, window of the original request)."""
     sql = f"""
         SELECT i.variant AS variant,
@@ -153,7 +153,7 @@ _WINDOW_VALUES = ", ".join(f"w.{c} AS {c}" for c in window_value_columns())
 
 
 def window_rows(
-    client: "Client", *, experiment: str, start: datetime | None = None, end: datetime | None = None,
+    client: Client, *, experiment: str, start: datetime | None = None, end: datetime | None = None,
 ) -> list[dict[str, Any]]:
     """The 10 s windows of an experiment (for ``/timeseries``), oldest first: Flink's window
     row with the window's late events folded in (``late_n`` of its ``n`` arrived late), the
@@ -190,7 +190,7 @@ def window_rows(
     })
 
 
-def late_events(client: "Client", *, experiment: str) -> list[dict[str, Any]]:
+def late_events(client: Client, *, experiment: str) -> list[dict[str, Any]]:
     sql = """
         SELECT event_id, type, ts, trace_id, variant, window_start, watermark, e2e_ms
         FROM late_events FINAL WHERE experiment = {experiment:String} ORDER BY ts, event_id
@@ -198,7 +198,7 @@ def late_events(client: "Client", *, experiment: str) -> list[dict[str, Any]]:
     return _rows(client, sql, {"experiment": experiment})
 
 
-def reconciliation(client: "Client", *, experiment: str) -> dict[str, Any]:
+def reconciliation(client: Client, *, experiment: str) -> dict[str, Any]:
     """raw inference events = Σ window n + late inference events (the late-data policy).
 
     ``balanced`` is true when the identity holds exactly.
@@ -214,7 +214,7 @@ def reconciliation(client: "Client", *, experiment: str) -> dict[str, Any]:
     return {"raw": raw, "windowed": windowed, "late": late, "balanced": raw == windowed + late}
 
 
-def dead_letter_counts(client: "Client") -> dict[str, int]:
+def dead_letter_counts(client: Client) -> dict[str, int]:
     """Refused records per offending field."""
     result = client.query("SELECT field, count() FROM dead_letters FINAL GROUP BY field ORDER BY field")
     return {field: int(count) for field, count in result.result_rows}

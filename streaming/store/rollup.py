@@ -43,7 +43,13 @@ from typing import TYPE_CHECKING, Any
 
 from ablab.platform.stats.sufficient import histogram_bucket_sql
 from ablab.platform.stats.unit_agg import (
-    ALWAYS_PRESENT, FIELDS, ROLLUP_MAPS, ROLLUP_SUMS, ROLLUP_VERSION, key_keeps_segments, rollup_key,
+    ALWAYS_PRESENT,
+    FIELDS,
+    ROLLUP_MAPS,
+    ROLLUP_SUMS,
+    ROLLUP_VERSION,
+    key_keeps_segments,
+    rollup_key,
 )
 from ablab.streaming.store.columns import RAW_COLUMNS
 
@@ -113,7 +119,7 @@ _MATCH_SQL = """
 """
 
 
-def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
+def feed(client: Client, raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
     """Steps 1–3 of the module docstring for one batch; returns units recomputed per experiment.
 
     Call it after the batch's ``raw_events`` insert and before the offset commit. A loader
@@ -123,7 +129,7 @@ def feed(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, int]:
     return recompute_touched(client, place(client, raw_rows))
 
 
-def place(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, set[str]]:
+def place(client: Client, raw_rows: Sequence[Sequence[Any]]) -> dict[str, set[str]]:
     """Steps 1–2 of the module docstring for one batch: the lookup rows written, labels and
     billing records placed at their unit; returns the units touched, by experiment.
 
@@ -160,7 +166,7 @@ def place(client: "Client", raw_rows: Sequence[Sequence[Any]]) -> dict[str, set[
     return dict(units)
 
 
-def recompute_touched(client: "Client", units: Mapping[str, Iterable[str]]) -> dict[str, int]:
+def recompute_touched(client: Client, units: Mapping[str, Iterable[str]]) -> dict[str, int]:
     """Step 3 for the units :func:`place` returned (of one batch or several); returns units
     recomputed per experiment."""
     done = {}
@@ -175,7 +181,7 @@ def recompute_touched(client: "Client", units: Mapping[str, Iterable[str]]) -> d
 # --- the recompute ---------------------------------------------------------------------
 
 
-def current_slos(client: "Client", experiment: str) -> tuple[str, dict[str, float | None]]:
+def current_slos(client: Client, experiment: str) -> tuple[str, dict[str, float | None]]:
     """(slo_key, bounds) the experiment's ``good`` is computed under; no row → no SLOs."""
     rows = client.query(
         # the newest row (argMax would skip a NULL bound and keep an older one)
@@ -189,7 +195,7 @@ def current_slos(client: "Client", experiment: str) -> tuple[str, dict[str, floa
     return str(key), dict(zip(SLO_COLUMNS, (None if b is None else float(b) for b in bounds)))
 
 
-def set_slos(client: "Client", experiment: str, slos: Mapping[str, float], *, segments: bool = False) -> bool:
+def set_slos(client: Client, experiment: str, slos: Mapping[str, float], *, segments: bool = False) -> bool:
     """Record the SLOs ``good`` must use and whether segment rows are kept; True when that
     changed (stale units need a recompute)."""
     key = rollup_key(slos, segments=segments)
@@ -298,7 +304,7 @@ def _recompute_sql(units_given: bool) -> tuple[str, str]:
     return units, segments
 
 
-def recompute_units(client: "Client", experiment: str, units: Sequence[str] | None) -> None:
+def recompute_units(client: Client, experiment: str, units: Sequence[str] | None) -> None:
     """Rewrite the ``unit_stats`` rows of ``units`` (None: every unit of the experiment) and,
     for an experiment that declares segments, their ``unit_segment_stats`` rows, from
     ``rollup_events``/``rollup_labels`` under the experiment's current SLOs."""
@@ -316,7 +322,7 @@ def recompute_units(client: "Client", experiment: str, units: Sequence[str] | No
                 client.command(sql, parameters={**params, "units": list(units[i:i + _UNITS_PER_RECOMPUTE])})
 
 
-def backfill_from_raw(client: "Client", experiment: str | None = None) -> None:
+def backfill_from_raw(client: Client, experiment: str | None = None) -> None:
     """Copy already-loaded raw events into the lookup tables (what migration 0006 does once),
     for all experiments or one; for events that reached ``raw_events`` without the loader
     (a store filled before 0006, test fixtures, imports). Idempotent."""
@@ -360,7 +366,7 @@ _verified: dict[str, int] = {}
 _verified_raw: dict[str, tuple[int, int]] = {}
 
 
-def sync(client: "Client", spec: "ExperimentSpec") -> dict[str, int]:
+def sync(client: Client, spec: ExperimentSpec) -> dict[str, int]:
     """The maintenance step for one experiment: its SLOs and whether it
     keeps segment rows written for the loader's recomputes, and what the loader could not know
     repaired (units computed under other SLOs, events that reached ``raw_events`` without it).
@@ -370,7 +376,7 @@ def sync(client: "Client", spec: "ExperimentSpec") -> dict[str, int]:
     return ensure_fresh(client, spec.key, spec.slos, segments=bool(spec.segments))
 
 
-def ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float], *, segments: bool = False) -> dict[str, int]:
+def ensure_fresh(client: Client, experiment: str, slos: Mapping[str, float], *, segments: bool = False) -> dict[str, int]:
     """Make the experiment's ``unit_stats`` (and, with ``segments``, ``unit_segment_stats``)
     complete and computed under ``slos``.
 
@@ -383,7 +389,7 @@ def ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float], *
         return _ensure_fresh(client, experiment, slos, segments)
 
 
-def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float], segments: bool) -> dict[str, int]:
+def _ensure_fresh(client: Client, experiment: str, slos: Mapping[str, float], segments: bool) -> dict[str, int]:
     _backfill_if_behind(client, experiment)
     set_slos(client, experiment, slos, segments=segments)
     key = rollup_key(slos, segments=segments)
@@ -421,7 +427,7 @@ def _ensure_fresh(client: "Client", experiment: str, slos: Mapping[str, float], 
     return repaired
 
 
-def _backfill_if_behind(client: "Client", experiment: str) -> None:
+def _backfill_if_behind(client: Client, experiment: str) -> None:
     p = {"experiment": experiment}
     raw, fed = (int(client.query(sql, parameters=p).result_rows[0][0]) for sql in (
         "SELECT count() FROM raw_events WHERE type = 'inference' AND experiment = {experiment:String}",

@@ -26,7 +26,8 @@ from typing import Any
 
 import httpx
 import pytest
-from ablab.streaming.localhost import server_ports  # noqa: F401 - tests import it from here
+
+from ablab.streaming.localhost import server_ports
 
 ABLAB = str(Path(sys.executable).with_name("ablab"))
 TESTS_DIR = Path(__file__).resolve().parent.parent
@@ -66,7 +67,7 @@ def run_child_json(script: str, *args: str, timeout: float) -> Any:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def raw_frame(ev):  # noqa: ANN001, ANN201 - a pandas frame in and out
+def raw_frame(ev):
     """``platform.stats.synthetic``-style events as the loader writes them to ``raw_events``
     (its columns, in its order; ``measures``/``dims`` as maps, missing ones empty)."""
     from ablab.streaming.store.columns import RAW_COLUMNS
@@ -87,7 +88,7 @@ def raw_frame(ev):  # noqa: ANN001, ANN201 - a pandas frame in and out
     return ev[[c for c in RAW_COLUMNS if c in ev.columns]]
 
 
-def insert_synthetic_raw(client, ev) -> None:  # noqa: ANN001 - a clickhouse-connect client, a pandas frame
+def insert_synthetic_raw(client, ev) -> None:
     """Write ``platform.stats.synthetic`` events into ``raw_events`` as the loader would."""
     client.insert_df("raw_events", raw_frame(ev))
 
@@ -186,7 +187,7 @@ def start_api(database_url: str, home: Path, extra_env: dict[str, str] | None = 
     }
     run_cli("db", "upgrade", "--no-clickhouse", env=env)
     tokens = {scope: _test_key(scope, home, env) for scope in ("admin", "editor", "viewer", "sdk")}
-    log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
+    log = open(home / "api.log", "wb")
     process = subprocess.Popen([ABLAB, "api", "--port", str(port), "--no-migrate"], env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

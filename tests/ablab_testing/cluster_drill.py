@@ -29,7 +29,6 @@ from ablab.streaming.flink import cluster as flink_cluster
 from ablab.streaming.flink import rest
 from ablab.streaming.kafka import broker
 from ablab.streaming.localhost import server_ports
-
 from ablab_testing import flink_reference as ref
 from ablab_testing.pipeline import PipelineTopics, RawProducer, job_config, wait_for
 
@@ -164,7 +163,7 @@ def run_drill(*, workdir: Path, windows: int = 6, per_window: int = 40, brokers:
                     loader.run(stop_loader)  # killed for good: no restart
                 else:
                     loader.supervise(stop_loader)  # as `ablab loader` runs: reconnect after a failure
-            except BaseException as exc:  # noqa: BLE001 - the drill reports it
+            except BaseException as exc:
                 loader_failures.append(exc)
 
         members: list[Loader] = []
@@ -274,7 +273,7 @@ def run_drill(*, workdir: Path, windows: int = 6, per_window: int = 40, brokers:
 def _catch(fn: Callable[[], Any]) -> Any:
     try:
         return fn()
-    except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+    except BaseException as exc:
         return exc
 
 
@@ -319,7 +318,7 @@ def _transaction_diagnosis(bootstrap: str, topic: str, expected: dict, stored: d
                 written.setdefault(key, []).append((record.partition, record.offset))
         for key in sorted(set(expected) - set(stored)):
             lines.append(f"missing window {key}: written at (partition, offset) {written.get(key) or 'nowhere'}")
-    except Exception as exc:  # noqa: BLE001 - a diagnosis must not hide the failure it explains
+    except Exception as exc:
         lines.append(f"transaction diagnosis failed: {type(exc).__name__}: {exc}")
     return "\n".join(lines)
 

@@ -144,7 +144,7 @@ def window_rows(inference: pd.DataFrame, *, emitted_at: datetime) -> list[tuple[
         tpot = g["tpot_ms"].dropna().to_numpy(float)
         cost = g["cost_usd"].to_numpy(float)
         pt, ot = g["prompt_tokens"].to_numpy(float), g["output_tokens"].to_numpy(float)
-        q = lambda x, p: float(np.percentile(x, p)) if x.size else float("nan")  # noqa: E731
+        q = lambda x, p: float(np.percentile(x, p)) if x.size else float("nan")
         values = {
             "experiment": experiment, "variant": variant, "window_start": start.to_pydatetime(),
             "window_end": (start + pd.Timedelta(seconds=10)).to_pydatetime(), "n": len(g),

@@ -18,12 +18,12 @@ from ablab.inference import tasks
 from ablab.inference.assets import Bundle
 from ablab.inference.engine import Engine, GenRequest
 from ablab.inference.evaluate import accuracy
-from ablab.platform.pricing import load_price_table
 from ablab.inference.registry import StrategyNotServable, plan_for
 from ablab.inference.runtime.executor import Executor, RuntimeConfig
 from ablab.inference.runtime.precision import INT8_MIN_TOKENS
 from ablab.inference.scheduler import BatchingConfig
 from ablab.inference.serving.service import InferenceService
+from ablab.platform.pricing import load_price_table
 from ablab.platform.strategy import Strategy
 
 
@@ -77,7 +77,7 @@ def strategy_table(bundle: Bundle, *, device: str, n_per_row: int = 60, chunk: i
             plans[name] = plan_for(Strategy.model_validate(spec), svc.context)
         except StrategyNotServable as exc:
             stats[name].error = "; ".join(exc.reasons)
-    for name, plan in plans.items():  # warm-up: build engines, touch every kernel once
+    for plan in plans.values():  # warm-up: build engines, touch every kernel once
         svc.serve(text=examples[0].text, domain=examples[0].domain, plan=plan)
     from datetime import UTC, datetime
 

@@ -51,7 +51,7 @@ def build_app() -> Any:
     app: FastAPI = create_app(get_settings(), ingest=kafka_ingest, analytics=analytics_store, extensions=[backend_status])
 
     @app.post("/_test/windows", include_in_schema=False)
-    def next_window(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:  # noqa: B008 - FastAPI's idiom
+    def next_window(request: Request, body: dict[str, Any] = Body(...)) -> dict[str, Any]:
         store = request.app.state.ablab.analytics
         experiment = str(body["experiment"])
         latest = store.client.query(
@@ -85,7 +85,7 @@ def start_live_api(database_url: str, home: Path, extra_env: dict[str, str] | No
     }
     run_cli("db", "upgrade", "--no-clickhouse", env=env)
     tokens = {scope: _test_key(scope, home, env) for scope in ("admin", "editor", "viewer", "sdk")}
-    log = open(home / "api.log", "wb")  # noqa: SIM115 - closed with the process
+    log = open(home / "api.log", "wb")
     process = subprocess.Popen([sys.executable, "-m", "ablab_testing.live_api", "--port", str(port)], env=env,
                                stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"

@@ -31,7 +31,7 @@ class LoaderThread:
                 self.loader.supervise(self._stop)
             else:
                 self.loader.run(self._stop, idle_exit_s=self._idle_exit_s)
-        except BaseException as exc:  # noqa: BLE001 - the test inspects it
+        except BaseException as exc:
             self.failure = exc
 
     def start(self) -> LoaderThread:

@@ -18,7 +18,6 @@ from typing import Any
 
 from ablab.streaming.flink.job import JobConfig
 from ablab.streaming.flink.local import FlinkProcess
-
 from ablab_testing import wait_for
 
 
@@ -58,7 +57,7 @@ class PipelineTopics:
         ))
 
     @classmethod
-    def unique(cls, label: str = "t") -> "PipelineTopics":
+    def unique(cls, label: str = "t") -> PipelineTopics:
         return cls(f"{label}-{uuid.uuid4().hex[:8]}")
 
 

@@ -88,7 +88,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
             "variants": [{"key": "control", "weight": 1, "strategy": llm},
                          {"key": "int8", "weight": 1, "strategy": {**llm, "params": {"temperature": 1.0}}}]}).raise_for_status()
         admin.post(f"/v1/experiments/{WAITING_KEY}/start").raise_for_status()
-    log = open(home / "dashboard.log", "wb")  # noqa: SIM115 - closed below
+    log = open(home / "dashboard.log", "wb")
     port = _dashboard_port()
     dash = subprocess.Popen([str(Path(sys.executable).with_name("ablab")), "dashboard", "--port", str(port),
                              "--api-url", api.base_url], stdout=log, stderr=subprocess.STDOUT)
@@ -351,7 +351,7 @@ def test_no_table_is_clipped_at_1280_or_1920_px(stack, page, tmp_path):
             pg.set_viewport_size({"width": width, "height": 1000})
             try:  # the grid lays itself out again after a resize
                 pg.wait_for_function(_ALL_FIT, timeout=10_000)
-            except Exception:  # noqa: BLE001 - reported below with the measurements
+            except Exception:
                 clipped[f"{name}@{width}"] = pg.evaluate(_TABLES_FIT)
             pg.screenshot(path=str(tmp_path / f"{name}-{width}.png"), full_page=True)
     assert not clipped, f"tables wider than their box (screenshots in {tmp_path}): {clipped}"

@@ -43,7 +43,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ApiServer,
         editor.post("/v1/experiments", json={
             "key": KEY, "name": NAME, "traffic": 1.0, "control": "a",
             "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}]}).raise_for_status()
-    log = open(home / "dashboard.log", "wb")  # noqa: SIM115 - closed below
+    log = open(home / "dashboard.log", "wb")
     env = {**os.environ, "ABLAB_HOME": str(home), "ABLAB_DATABASE_URL": api.database_url, "STREAMLIT_LOGGER_LEVEL": "debug"}
     dash = subprocess.Popen([str(Path(sys.executable).with_name("ablab")), "dashboard", "--port", str(DASHBOARD_PORT),
                              "--api-url", api.base_url], stdout=log, stderr=subprocess.STDOUT, env=env)

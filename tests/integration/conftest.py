@@ -35,7 +35,7 @@ def kafka_broker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def store(tmp_path):  # noqa: ANN001, ANN201 - a pytest path, a clickhouse-connect client
+def store(tmp_path):
     from ablab.streaming.store import apply_ddl, make_client
 
     client = make_client(f"chdb:///{tmp_path / 'chdb'}")

@@ -1,12 +1,11 @@
 """initial registry schema
 
 Revision ID: 0001
-Revises: 
+Revises:
 Create Date: 2026-12-02 17:12:13.458008
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0001'
 down_revision = None

@@ -5,9 +5,8 @@ Revises: 0004 (numbered 0002 when assigned; 0003 and 0004 landed first, so it fo
 and the chain stays linear: 0001 -> 0003 -> 0004 -> 0002)
 Create Date: 2026-12-04 16:30:00
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0002'
 down_revision = '0004'

@@ -4,9 +4,8 @@ Revision ID: 0003
 Revises: 0001
 Create Date: 2026-12-04 16:10:00.000000
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0003'
 down_revision = '0001'

@@ -5,9 +5,8 @@ Revision ID: 0005
 Revises: 0002 (the chain is 0001 -> 0003 -> 0004 -> 0002 -> 0005)
 Create Date: 2026-12-05 12:00:00
 """
-from alembic import op
 import sqlalchemy as sa
-
+from alembic import op
 
 revision = '0005'
 down_revision = '0002'

@@ -14,19 +14,26 @@ from ablab.platform.api.problems import responses
 from ablab.platform.api.state import AppState
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed, PreconditionRequired
 from ablab.platform.registry import service
-from ablab.platform.registry.schemas import AuditRead, ExperimentCreate, ExperimentPage, ExperimentRead, ExperimentUpdate, Status
+from ablab.platform.registry.schemas import (
+    AuditRead,
+    ExperimentCreate,
+    ExperimentPage,
+    ExperimentRead,
+    ExperimentUpdate,
+    Status,
+)
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 log = logging.getLogger(__name__)
 
 
-def _versioned(response: Response, exp) -> ExperimentRead:  # noqa: ANN001 - a registry Experiment row
+def _versioned(response: Response, exp) -> ExperimentRead:
     """The read model, with the version as ETag for the next If-Match."""
     response.headers["ETag"] = f'"{exp.version}"'
     return service.to_read(exp)
 
 
-def _sync_rollup(state: AppState, exp) -> None:  # noqa: ANN001 - a registry Experiment row
+def _sync_rollup(state: AppState, exp) -> None:
     """Its SLOs and segment choice to the per-unit rollup now, so results reads never write."""
     store = state.analytics
     if store is None:
@@ -35,7 +42,7 @@ def _sync_rollup(state: AppState, exp) -> None:  # noqa: ANN001 - a registry Exp
 
     try:
         sync_rollup(store.sync_rollup, service.to_read(exp), settings=state.settings)
-    except Exception:  # noqa: BLE001 - the monitor's maintenance pass retries; the change itself stands
+    except Exception:
         log.warning("rollup sync of %s failed; the maintenance pass will retry", exp.key, exc_info=True)
 
 

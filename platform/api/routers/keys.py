@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, status
-
 from pydantic import BaseModel
 
 from ablab.platform.api.deps import MAX_ID, Admin, Limit, Offset, Principal, SessionDep, require_any

@@ -226,7 +226,7 @@ async def _context_prune(out: dict[str, Any], cp: ContextPrune, rt: PromptRuntim
         message = out["messages"][index]
         pruned = [await prune(t) for t in tf.texts(message)]
         it = iter(pruned)
-        out["messages"][index] = tf.map_texts(message, lambda _t: next(it))
+        out["messages"][index] = tf.map_texts(message, lambda _t, it=it: next(it))
     if not used:
         return
     # the weakest scorer any text got: backend < in_repo < none

@@ -46,7 +46,7 @@ class FactorUpdate(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _coherent(self) -> "FactorUpdate":
+    def _coherent(self) -> FactorUpdate:
         # Each message starts with the field it is about, so the API's problem names it.
         levels = [(f"values[{i}]", v) for i, v in enumerate(self.values or ())] + [("default", self.default)]
         for where, level in levels:
@@ -68,7 +68,7 @@ class FactorCreate(FactorUpdate):
     name: str = Field(pattern=FACTOR_NAME, max_length=80, description="`engine`, or `params.<body field>` to constrain a body override.")
 
     @model_validator(mode="after")
-    def _not_builtin(self) -> "FactorCreate":
+    def _not_builtin(self) -> FactorCreate:
         if reserved_name(self.name):
             raise ValueError(f"name: '{self.name}' is a built-in or gateway factor; "
                              "declare a factor of your own (or params.<field>)")
@@ -95,7 +95,7 @@ class FactorRead(BaseModel):
     json_schema: dict[str, Any] = Field(description="JSON Schema of one level of the factor.")
 
     @classmethod
-    def of(cls, d: FactorDef) -> "FactorRead":
+    def of(cls, d: FactorDef) -> FactorRead:
         return cls(name=d.name, origin=d.origin, type=d.type, values=list(d.values) if d.values is not None else None,
                    min=d.min, max=d.max, default=d.default, nullable=d.nullable, description=d.description,
                    allowed=d.allowed(), json_schema=d.json_schema())

@@ -9,6 +9,7 @@ import os
 import subprocess
 
 import pytest
+
 from ablab_testing import ABLAB, server_ports
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -55,7 +55,7 @@ def dashboard_api(seeded_api: ApiServer, monkeypatch: pytest.MonkeyPatch) -> Ite
 
 
 @pytest.fixture
-def open_app(dashboard_api: ApiServer) -> Callable[..., "AppTest"]:  # noqa: F821
+def open_app(dashboard_api: ApiServer) -> Callable[..., AppTest]:  # noqa: F821
     seeded_api = dashboard_api
     """An AppTest of the real app file, signed in with a token of ``scope``, on ``page``."""
     from streamlit.testing.v1 import AppTest

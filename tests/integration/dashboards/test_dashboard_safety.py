@@ -22,7 +22,7 @@ def bystander() -> Iterator[tuple[str, list[str]]]:
     hits: list[str] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        def do_GET(self) -> None:
             hits.append(self.path)
             self.send_response(401)
             self.send_header("Content-Type", "application/problem+json")

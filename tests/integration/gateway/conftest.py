@@ -10,8 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ablab_testing import ABLAB, poll_results, wait_http  # noqa: F401 - the gateway tests import wait_http from here
-
+from ablab_testing import ABLAB, poll_results, wait_http
 
 
 def start_gateway(api, home: Path, config: str, port: int) -> subprocess.Popen:

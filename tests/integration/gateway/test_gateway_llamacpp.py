@@ -20,10 +20,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import (
+    create_experiment,
+    label_and_check_results,
+    outbox_events,
+    pick_units,
+    start_gateway,
+    stop,
+    wait_http,
+)
 
 from ablab_testing import free_port, start_api, stop_api
-from conftest import (create_experiment, label_and_check_results, outbox_events, pick_units, start_gateway, stop,
-                      wait_http)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import create_experiment, outbox_events, pick_units, start_gateway, stop, wait_http
 
 from ablab_testing import free_port, start_api, stop_api
-from conftest import create_experiment, outbox_events, pick_units, start_gateway, stop, wait_http
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -12,10 +12,18 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from conftest import (
+    ABLAB,
+    create_experiment,
+    label_and_check_results,
+    outbox_events,
+    pick_units,
+    start_gateway,
+    stop,
+    wait_http,
+)
 
 from ablab_testing import free_port, start_api, stop_api
-from conftest import (ABLAB, create_experiment, label_and_check_results, outbox_events, pick_units, start_gateway,
-                      stop, wait_http)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 openai = pytest.importorskip("openai")

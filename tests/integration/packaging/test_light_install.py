@@ -85,9 +85,9 @@ def test_light_gateway_serves_a_real_llm(light_venv: Path, tmp_path: Path) -> No
     import os
 
     import openai
-    from ablab_testing import free_port, wait_http
 
     from ablab.inference import llamacpp
+    from ablab_testing import free_port, wait_http
 
     backend = llamacpp.start_server(port=free_port(), log=tmp_path / "llm.log")
     port = free_port()

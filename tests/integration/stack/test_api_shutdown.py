@@ -16,6 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+
 from ablab_testing import closed_port, start_api, wait_for
 
 pytestmark = pytest.mark.timeout(180)

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import httpx
 import pytest
-from ablab_testing import closed_port, start_api, stop_api
 
 from ablab.platform.gateway.outbox import Forwarder, event_id_for, http_poster
+from ablab_testing import closed_port, start_api, stop_api
 
 pytestmark = pytest.mark.timeout(180)
 

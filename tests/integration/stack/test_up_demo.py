@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 import os
 import socket
+import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import pytest
-from ablab_testing import ABLAB, server_ports, wait_for
 
-import subprocess
+from ablab_testing import ABLAB, server_ports, wait_for
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -45,7 +45,7 @@ def _variants_with_windows(ts: object) -> set[str]:
             v = node.get("variant", variant)
             if v is not None and any(k in node for k in ("window_start", "ts", "t", "window_end")):
                 found.add(str(v))
-            for key, value in node.items():
+            for value in node.values():
                 walk(value, v)
         elif isinstance(node, list):
             for item in node:

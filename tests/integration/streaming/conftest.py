@@ -11,8 +11,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from ablab_testing import server_ports, start_api, stop_api
 from live_support import LiveStack
+
+from ablab_testing import server_ports, start_api, stop_api
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from ablab.platform import fields
-
 from ablab_testing import run_child_json
 
 _DESCRIBE = textwrap.dedent("""

@@ -17,11 +17,11 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from ablab_testing import server_ports, wait_for
 
 from ablab.streaming.kafka.consumer import read_topics
 from ablab.streaming.kafka.emitter import Emitter, EmitterConfig
 from ablab.streaming.kafka.topics import EVENT_TOPICS
+from ablab_testing import server_ports, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -30,8 +30,9 @@ RATE_PER_S = 200
 
 
 def test_broker_down_30s_while_emitting_loses_nothing(tmp_path: Path) -> None:
-    from ablab.streaming.kafka.broker import BrokerConfig, kill_broker, start_broker, stop_broker
     from test_emitter import numbered_event
+
+    from ablab.streaming.kafka.broker import BrokerConfig, kill_broker, start_broker, stop_broker
 
     broker = BrokerConfig(directory=tmp_path / "kafka", port=server_ports(2), heap_mb=384)
     start_broker(config=broker)

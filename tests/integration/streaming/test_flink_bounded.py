@@ -14,7 +14,6 @@ from datetime import UTC, datetime
 import pytest
 
 from ablab.streaming.flink import job
-
 from ablab_testing import flink_reference as ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(300)]

@@ -22,11 +22,11 @@ import uuid
 
 import pytest
 import yaml
+from live_support import iso, ordinary
 
 from ablab_testing import ABLAB, wait_for
 from ablab_testing import flink_reference as ref
 from ablab_testing.results import assert_same_results
-from live_support import iso, ordinary
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 

@@ -10,7 +10,6 @@ import pytest
 
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import queries
-
 from ablab_testing import flink_reference as ref
 from ablab_testing.loading import LoaderThread, run_until_idle
 from ablab_testing.pipeline import PipelineTopics, RawProducer, group_members, wait_for
@@ -97,7 +96,7 @@ def test_bad_records_are_dead_lettered_counted_and_the_loader_keeps_going(kafka_
     assert all(letter["source"] == f"loader:{topics.inference}" for letter in letters)
 
 
-def _load_until(loader: Loader, n: int, *, meanwhile=None, timeout_s: float = 90.0) -> None:  # noqa: ANN001
+def _load_until(loader: Loader, n: int, *, meanwhile=None, timeout_s: float = 90.0) -> None:
     """Run `loader` in a thread (doing `meanwhile()` first) until it has loaded `n` raw events or times out."""
     with LoaderThread(loader):
         if meanwhile is not None:

@@ -18,7 +18,6 @@ from datetime import UTC, datetime
 import pytest
 
 from ablab.streaming.loader.service import Loader
-
 from ablab_testing import flink_reference as ref
 from ablab_testing.loading import LoaderThread, stop_all
 from ablab_testing.pipeline import PipelineTopics, RawProducer, group_caught_up, wait_for

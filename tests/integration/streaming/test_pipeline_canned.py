@@ -19,7 +19,6 @@ import pytest
 
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import queries
-
 from ablab_testing import flink_reference as ref
 from ablab_testing.loading import LoaderThread
 from ablab_testing.pipeline import FlinkProcess, PipelineTopics, RawProducer, group_caught_up, job_config, wait_for

@@ -13,11 +13,17 @@ import pytest
 from ablab.streaming.flink.job import latest_checkpoint
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import queries
-
 from ablab_testing import flink_reference as ref
 from ablab_testing.loading import LoaderThread
-from ablab_testing.pipeline import (FlinkProcess, PipelineTopics, RawProducer, group_caught_up, job_config,
-                                    read_to_end, wait_for)
+from ablab_testing.pipeline import (
+    FlinkProcess,
+    PipelineTopics,
+    RawProducer,
+    group_caught_up,
+    job_config,
+    read_to_end,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(900)]
 EXPERIMENT = "fault"

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from ablab.streaming.kafka.health import StreamJobProbe
-
 from ablab_testing.pipeline import PipelineTopics, RawProducer
 
 pytestmark = pytest.mark.integration

@@ -24,8 +24,8 @@ from datetime import datetime
 
 import pytest
 import yaml
-from ablab_testing import ABLAB, wait_for
 
+from ablab_testing import ABLAB, wait_for
 from ablab_testing import flink_reference as ref
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]

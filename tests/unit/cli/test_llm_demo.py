@@ -1,8 +1,8 @@
 """Grading the real LLM's free-text answers, and the labeler taking a record's own grade."""
 
+from ablab.cli.supervisor.llm_demo import QUESTIONS, grade
 from ablab.inference.labeler import Labeler, LabelerConfig
 from ablab.inference.serving.events import ListSink
-from ablab.cli.supervisor.llm_demo import QUESTIONS, grade
 
 
 def test_grade_accepts_the_answer_as_a_word_only():

@@ -70,7 +70,7 @@ def test_a_running_service_that_is_slow_to_answer_is_waited_for_not_started_twic
     for the running process instead of starting a copy that would take over its pidfile and
     leave it running with nothing for `down` to stop."""
     answers = iter([False, False, True, True])
-    busy_then_ok = lambda: next(answers)  # noqa: E731
+    busy_then_ok = lambda: next(answers)
     service = Service(name="slow", argv=[sys.executable, "-c", "import time; time.sleep(300)"], health=lambda: True, start_timeout_s=10)
     supervisor = Supervisor(tmp_path)
     assert supervisor.start(service) == "started"

@@ -9,7 +9,6 @@ from ablab.platform.stats.attribution import attribute
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
-
 from ablab_testing.dashboard_seed import FACTORIAL_VARIANTS
 
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from markdown_it import MarkdownIt
 
-from ablab.dashboards.client import ApiClient, allowed_api_urls, segment
+from ablab.dashboards.client import ApiClient, ApiError, allowed_api_urls, segment
 from ablab.dashboards.format import WORD_JOINER, experiments_table, md_escape
 
 HOSTILE = [
@@ -87,7 +87,7 @@ def test_the_client_never_lets_a_key_change_the_route() -> None:
 
     client = ApiClient("http://api.test", "t", transport=httpx.MockTransport(handler))
     for call in (lambda k: client.get_experiment(k), lambda k: client.results(k), lambda k: client.lifecycle(k, "start")):
-        with pytest.raises(Exception):
+        with pytest.raises(ApiError):
             call("../keys?x=1#y")
     assert seen == [b"/v1/experiments/..%2Fkeys%3Fx%3D1%23y", b"/v1/experiments/..%2Fkeys%3Fx%3D1%23y/results",
                     b"/v1/experiments/..%2Fkeys%3Fx%3D1%23y/start"]

@@ -8,7 +8,11 @@ import sys
 import pytest
 
 from ablab.dashboards.views.shadows import (
-    coverage_notes, coverage_table, paired_table, render_shadows, shadow_verdict,
+    coverage_notes,
+    coverage_table,
+    paired_table,
+    render_shadows,
+    shadow_verdict,
 )
 from ablab.platform.analytics.schemas import Results
 

@@ -14,7 +14,7 @@ from ablab.dashboards import format as fmt
 from ablab.dashboards.views import live, tables
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
-from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
+from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 from ablab_testing.dashboard_seed import FACTORIAL_VARIANTS, SEGMENTED_METRICS, add_segments
 
 # Canvas measurements (14 px Source Sans, Chromium) of cells these pages draw.

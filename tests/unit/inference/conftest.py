@@ -2,8 +2,8 @@ import pytest
 import torch
 
 from ablab.inference.assets import Bundle
-from ablab.inference.model.transformer import ModelConfig, TinyLM
 from ablab.inference.model.lora import init_adapter
+from ablab.inference.model.transformer import ModelConfig, TinyLM
 from ablab.inference.runtime.sparse_ffn import svd_predictor
 from ablab.inference.tokenizer import build_tokenizer
 

@@ -3,8 +3,8 @@ from datetime import UTC, datetime
 import pytest
 
 from ablab.inference import prompts, tasks
-from ablab.platform.pricing import load_price_table, parse_price_table
 from ablab.inference.tokenizer import build_tokenizer
+from ablab.platform.pricing import load_price_table, parse_price_table
 
 
 def test_templates_and_unknown_template():

@@ -28,8 +28,8 @@ def test_selected_logits_equal_the_full_forward_at_the_answer_positions():
     import torch
 
     from ablab.inference import tasks
-    from ablab.inference.model.transformer import ModelConfig, TinyLM
     from ablab.inference.model.lora import init_adapter
+    from ablab.inference.model.transformer import ModelConfig, TinyLM
     from ablab.inference.tokenizer import build_tokenizer
     from ablab.inference.training import _lora_layers, make_batch
 

@@ -7,8 +7,8 @@ from ablab.inference.serving.assigners import StaticAssigner
 from ablab.inference.serving.events import ListSink, ValidatingSink
 from ablab.inference.serving.service import InferenceService
 from ablab.inference.serving.worker import InferRequest, Worker
-from ablab.platform.strategy import FACTOR_NAMES
 from ablab.platform.events import InferenceEvent, validate_event
+from ablab.platform.strategy import FACTOR_NAMES
 
 # one variant per factor, each away from its default, so every factor is exercised
 VARIANTS = {
@@ -45,7 +45,7 @@ def service(tiny_bundle):
 
 def test_every_factor_is_reachable_from_the_worker(service):
     covered = set()
-    for name, strategy in VARIANTS.items():
+    for strategy in VARIANTS.values():
         for key in strategy:
             covered |= {f for f in FACTOR_NAMES if f == key or f.startswith(key + ".")}
     assert covered == set(FACTOR_NAMES)

@@ -10,19 +10,19 @@ import pytest
 
 from ablab.platform.events import (
     EVENT_TYPES,
+    FIELD_BOUNDS,
     MAX_EVENT_BYTES,
+    MAX_JSON_DEPTH,
     SCHEMA_DIR,
     CostEvent,
     FeedbackEvent,
     InferenceEvent,
-    FIELD_BOUNDS,
-    MAX_JSON_DEPTH,
     Rejection,
     check_event_time,
     dead_letter_record,
     derive_event_id,
-    parse_json,
     json_schemas,
+    parse_json,
     render_schema,
     topic_key,
     validate_event,
@@ -293,7 +293,7 @@ def deep(depth: int) -> str:
 
 @pytest.mark.parametrize("depth", [MAX_JSON_DEPTH, 100, 1_000, 100_000])
 def test_deeply_nested_json_is_a_rejection_not_a_recursion_error(depth: int) -> None:
-    raw = '{"type": "rum", "ts": "%s", "trace_id": "t", "e2e_ms": 1, "x": %s}' % (TS, deep(depth))
+    raw = f'{{"type": "rum", "ts": "{TS}", "trace_id": "t", "e2e_ms": 1, "x": {deep(depth)}}}'
     for form in (raw, raw.encode()):
         rejection = validate_event(form)
         assert isinstance(rejection, Rejection)

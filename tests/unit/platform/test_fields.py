@@ -10,9 +10,8 @@ import typing
 
 import pytest
 
-from ablab.platform import fields
+from ablab.platform import events, fields
 from ablab.platform.fields import FIELDS, mismatches
-from ablab.platform import events
 from ablab.streaming.flink import job
 from ablab.streaming.loader import rows
 

@@ -17,7 +17,7 @@ class _Store:
     def __init__(self) -> None:
         self.inserted: list[str] = []
 
-    def insert(self, table, rows, column_names):  # noqa: ANN001
+    def insert(self, table, rows, column_names):
         self.inserted.append(table)
 
 
@@ -104,7 +104,7 @@ def test_heartbeats_alone_are_committed_past(recorded):
         offset, value = 7, heartbeat_record(datetime.now(UTC))
 
     class _Polling(_Consumer):
-        def poll(self, timeout_ms, max_records):  # noqa: ANN001
+        def poll(self, timeout_ms, max_records):
             return {_Partition(): [_Record()]}
 
     store = _Store()

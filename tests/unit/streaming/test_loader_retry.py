@@ -18,12 +18,12 @@ class _AwayThenBack:
         self.away = away
         self.inserted: list[list] = []
 
-    def insert(self, table, rows, column_names):  # noqa: ANN001
+    def insert(self, table, rows, column_names):
         if self.away:
             raise ConnectionError("store unreachable")
         self.inserted.append(list(rows))
 
-    def query(self, sql):  # noqa: ANN001
+    def query(self, sql):
         if self.away:
             self.away -= 1
             raise ConnectionError("store unreachable")

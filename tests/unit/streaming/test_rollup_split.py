@@ -3,7 +3,6 @@ a batch touches, which traces need their unit looked up; the SLO key."""
 
 from datetime import UTC, datetime
 
-
 from ablab.streaming.loader.rows import RAW_COLUMNS
 from ablab.streaming.store.rollup import ROLLUP_EVENT_COLUMNS, ROLLUP_TRACE_COLUMNS, split_batch
 

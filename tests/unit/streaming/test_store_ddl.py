@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-
 import pytest
 
-from ablab.streaming.store import apply_ddl, applied_versions, make_client, migration_files
+from ablab.streaming.store import applied_versions, apply_ddl, make_client, migration_files
 from ablab.streaming.store.client import StoreURLError
 from ablab.streaming.store.ddl import split_statements
 

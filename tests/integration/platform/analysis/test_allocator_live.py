@@ -6,6 +6,7 @@ Runs in a child process (chDB: one owner per data directory)."""
 import textwrap
 
 import pytest
+
 from ablab_testing import run_child_json
 
 pytestmark = pytest.mark.integration

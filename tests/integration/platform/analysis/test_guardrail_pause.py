@@ -5,6 +5,7 @@ healthy experiments are left alone. Runs in a child process (chDB: one owner per
 import textwrap
 
 import pytest
+
 from ablab_testing import run_child_json
 
 pytestmark = pytest.mark.integration

@@ -12,16 +12,14 @@ import math
 import pandas as pd
 import pytest
 
+from ablab.platform.analytics.results import aggregates_from_rollup, results_from_raw
+from ablab.platform.events import Rejection, validate_event
+from ablab.platform.stats.engine import analyze
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
-from ablab.platform.analytics.results import aggregates_from_rollup, results_from_raw
-from ablab.platform.stats.engine import analyze
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import rollup
-from ablab.platform.events import validate_event
-from ablab.platform.events import Rejection
-
 from ablab_testing.loading import run_until_idle
 from ablab_testing.pipeline import PipelineTopics, RawProducer
 from ablab_testing.results import assert_same_results

@@ -20,7 +20,6 @@ import pytest
 from ablab.platform.analytics.event_files import read_events
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
-
 from ablab_testing import run_child_json
 from ablab_testing.results import assert_same_results
 

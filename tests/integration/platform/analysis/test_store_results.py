@@ -10,11 +10,10 @@ import textwrap
 import pandas as pd
 import pytest
 
+from ablab.platform.analytics.event_files import write_events
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
-from ablab.platform.analytics.event_files import write_events
-
 from ablab_testing import run_child_json
 from ablab_testing.results import assert_same_results
 

@@ -20,7 +20,6 @@ from ablab.platform.stats import unit_agg as ua
 from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import ExperimentSpec, parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
-
 from ablab_testing import run_child_json
 
 pytestmark = pytest.mark.integration

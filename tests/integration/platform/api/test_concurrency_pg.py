@@ -120,7 +120,7 @@ def test_concurrent_patches_over_two_api_processes(pg_url: str, tmp_path) -> Non
 
 
 @pytest.fixture
-def registry(pg_url: str):  # noqa: ANN201 - (engine, sessionmaker, key of a fresh experiment at version 1)
+def registry(pg_url: str):
     """The migrated registry on PostgreSQL with one experiment in it, seen through sessions."""
     migrate.upgrade(pg_url)
     engine = make_engine(pg_url)
@@ -173,7 +173,7 @@ def test_writer_that_waits_on_the_row_lock_gets_412(registry) -> None:
         def lose() -> None:
             try:
                 service.update_experiment(loser, key=key, data=ExperimentUpdate(traffic=0.7), expected_version=1, actor="loser")
-            except BaseException as exc:  # noqa: BLE001 - inspected below
+            except BaseException as exc:
                 outcome["error"] = exc
 
         def loser_waits_on_the_lock() -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 
 pytestmark = pytest.mark.integration

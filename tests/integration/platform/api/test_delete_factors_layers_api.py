@@ -23,7 +23,7 @@ def _experiment(key: str, treatment: dict | None = None, **placement: object) ->
             "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1, "strategy": treatment or {}}]}
 
 
-def _problem(r, status: int) -> dict:  # noqa: ANN001 - an httpx response
+def _problem(r, status: int) -> dict:
     assert r.status_code == status, r.text
     assert r.headers["content-type"].startswith(PROBLEM)
     return r.json()

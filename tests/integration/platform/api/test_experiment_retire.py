@@ -122,7 +122,7 @@ def test_delete_only_an_experiment_that_never_ran(api_server) -> None:
 )
 def test_non_finite_bounds_are_refused_naming_the_field(api_server, raw: str, field: str) -> None:
     key = _key()
-    body = '{"key": "%s", "name": "n", "control": "a", "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}], ' % key
+    body = f'{{"key": "{key}", "name": "n", "control": "a", "variants": [{{"key": "a", "weight": 1}}, {{"key": "b", "weight": 1}}], '
     body += (raw if raw.startswith('"traffic"') else '"traffic": 1.0, ' + raw) + "}"
     with api_server.client("editor") as c:
         r = c.post("/v1/experiments", content=body, headers={"Content-Type": "application/json"})

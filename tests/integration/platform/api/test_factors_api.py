@@ -122,9 +122,9 @@ def test_update_is_validated_and_factor_changes_respect_live_experiments(api_ser
 
 def test_attribution_reads_declared_defaults_from_the_database(api_server, declared) -> None:
     from ablab.platform.analytics.service import stats_spec
-    from ablab.platform.registry.factors import service as factors
     from ablab.platform.registry import service as registry
     from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
+    from ablab.platform.registry.factors import service as factors
     from ablab.platform.stats.attribution import strategy_levels
 
     key = _key()

@@ -14,13 +14,12 @@ import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import httpx
 import pytest
-from ablab_testing import ApiServer, closed_port, start_api, stop_api
 
 from ablab.streaming.ingest import sign_billing
+from ablab_testing import ApiServer, closed_port, start_api, stop_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 

@@ -16,7 +16,6 @@ import pytest
 
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
-
 from ablab_testing import poll_results, start_api, stop_api
 from ablab_testing.results import assert_same_results
 

@@ -14,7 +14,6 @@ import httpx
 import pytest
 
 from ablab.platform.assignment.targeting import MAX_PATTERN_CHARS, MAX_VALUE_CHARS
-
 from ablab_testing import wait_for
 
 pytestmark = pytest.mark.integration

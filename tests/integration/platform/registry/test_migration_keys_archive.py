@@ -14,7 +14,7 @@ from ablab.platform.registry.schemas import Scope
 pytestmark = pytest.mark.integration
 
 
-def _fresh(database_url: str, tmp_path) -> str:  # noqa: ANN001
+def _fresh(database_url: str, tmp_path) -> str:
     if database_url.startswith("sqlite"):
         return f"sqlite:///{tmp_path / 'mig.db'}"
     from ablab_testing import fresh_postgres_database

@@ -4,7 +4,7 @@ segments) without a schema change."""
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -99,7 +99,7 @@ def test_rows_read_like_the_json_they_came_from() -> None:
 
 
 def test_timeseries_and_attribution_shapes() -> None:
-    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
     rows = [{"variant": v, "window_start": t0 + timedelta(seconds=10 * w), "n": 50, "errors": 1,
              "e2e_sum": 5000.0 + w, "e2e_sumsq": 5000.0 * 110, "labeled": 10, "correct": 8}
             for w in range(3) for v in ("a", "b")]

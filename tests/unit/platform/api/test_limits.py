@@ -8,7 +8,7 @@ import json
 from ablab.platform.api.limits import BodyLimitMiddleware
 
 
-async def echo_app(scope, receive, send) -> None:  # noqa: ANN001 - reads the whole body, answers its length
+async def echo_app(scope, receive, send) -> None:
     from starlette.requests import Request
 
     body = await Request(scope, receive).body()

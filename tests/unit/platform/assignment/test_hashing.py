@@ -32,4 +32,4 @@ def test_same_bucket_in_a_fresh_process() -> None:
     there = subprocess.run(
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, env={"PYTHONHASHSEED": "12345"}
     ).stdout
-    assert eval(there) == here  # noqa: S307 - our own subprocess's list literal
+    assert eval(there) == here

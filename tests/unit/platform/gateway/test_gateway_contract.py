@@ -8,11 +8,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-
-from ablab.platform.gateway.scripted import ScriptedBackend
-from ablab.platform.events import validate_event
-
 from conftest import gateway_for
+
+from ablab.platform.events import validate_event
+from ablab.platform.gateway.scripted import ScriptedBackend
 
 MSGS = [{"role": "user", "content": "hello"}]
 

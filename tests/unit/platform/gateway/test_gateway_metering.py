@@ -7,10 +7,10 @@ from datetime import UTC, datetime
 
 import pytest
 
+from ablab.platform.events import InferenceEvent, validate_event
 from ablab.platform.gateway.emit import Outbox, event_unit_id
 from ablab.platform.gateway.metering import UNPRICED, Measurement, inference_event
 from ablab.platform.gateway.settings import Backend, Price
-from ablab.platform.events import InferenceEvent, validate_event
 
 TS = datetime(2026, 12, 1, tzinfo=UTC)
 

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from ablab.platform.gateway.rewrite import BUILTIN_TEMPLATES, StrategyError, apply_strategy, cot_instruction, strategy_problems
+from ablab.platform.gateway.rewrite import (
+    BUILTIN_TEMPLATES,
+    StrategyError,
+    apply_strategy,
+    cot_instruction,
+    strategy_problems,
+)
 from ablab.platform.gateway.settings import GatewayConfigError, load_settings, parse_config
 
 BODY = {"model": "m", "messages": [{"role": "system", "content": "sys"}, {"role": "user", "content": "2+2?"}],

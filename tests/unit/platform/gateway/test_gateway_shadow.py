@@ -273,7 +273,7 @@ def test_a_rewrite_hook_serves_shadows_within_their_budget(backend: ScriptedBack
     with shadowed_gateway(backend.url, tmp_path, shadow({"model": "ok"}, timeout_s=0.5)) as gw:
         calls = []
 
-        async def rewrite(body, strategy, *, chat, backend, trace_id):  # noqa: ANN001, ANN202
+        async def rewrite(body, strategy, *, chat, backend, trace_id):
             calls.append((trace_id, backend.name, dict(strategy)))
             if body.get("user") == "slow":
                 await asyncio.sleep(2)

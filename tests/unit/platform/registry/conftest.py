@@ -13,10 +13,9 @@ from sqlalchemy.orm import Session
 from ablab.platform.api.app import create_app
 from ablab.platform.auth import create_api_key
 from ablab.platform.config import Settings
-from ablab.platform.registry.schemas import Scope
-
 from ablab.platform.registry.db import make_engine, make_sessionmaker, transaction
 from ablab.platform.registry.migrate import upgrade
+from ablab.platform.registry.schemas import Scope
 
 
 @pytest.fixture()

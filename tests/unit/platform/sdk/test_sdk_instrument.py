@@ -9,9 +9,9 @@ import openai
 import pytest
 
 from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, VariantSpec
+from ablab.platform.events import InferenceEvent, validate_event
 from ablab.platform.gateway.scripted import ScriptedBackend
 from ablab.platform.sdk import AblabClient, ListSink, current_call, instrument_openai, track, tracked
-from ablab.platform.events import InferenceEvent, validate_event
 
 MSGS = [{"role": "user", "content": "hello"}]
 
@@ -62,7 +62,7 @@ def test_usage_replaces_counts_and_exceptions_are_errors() -> None:
         with track(sdk, "u1") as call:
             call.token("x")
             call.usage(prompt_tokens=5, output_tokens=7)
-            1 / 0
+            raise ZeroDivisionError("division by zero")
     ev = inference_events(sdk)[0]
     assert ev["error"] == "ZeroDivisionError" and ev["prompt_tokens"] == 5 and ev["output_tokens"] == 7
 

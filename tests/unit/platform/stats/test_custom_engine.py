@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 
-from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 from ablab.platform.stats.aggregates import variant_stats_from_units
 from ablab.platform.stats.attribution import attribute
 from ablab.platform.stats.engine import analyze
@@ -11,6 +10,7 @@ from ablab.platform.stats.metrics import UNIT_COLUMNS, custom_columns
 from ablab.platform.stats.render import flat_rows, rich_tables
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.sufficient import HistogramStats
+from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 
 VARIANTS = [
     {"key": "control", "strategy": {"model": "small"}},

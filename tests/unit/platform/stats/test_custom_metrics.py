@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 from gbstats.frequentist.tests import FrequentistConfig, TwoSidedTTest
 from gbstats.models.statistics import (
-    ProportionStatistic,
     RatioStatistic,
     RegressionAdjustedStatistic,
     SampleMeanStatistic,

@@ -8,13 +8,12 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
+from ablab.platform.analytics.event_files import read_events, write_events
 from ablab.platform.stats.aggregates import variant_stats_from_units
 from ablab.platform.stats.engine import analyze
-from ablab.platform.analytics.event_files import read_events
 from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import SpecError, parse_spec
 from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
-from ablab.platform.analytics.event_files import write_events
 
 CONTRACT_METRICS = {"e2e_ms", "ttft_ms", "tpot_ms", "e2e_ms_p95", "ttft_ms_p95", "accuracy", "cost_usd",
                     "cost_per_correct", "goodput", "error_rate"}
@@ -184,7 +183,7 @@ def test_user_randomized_uses_clustered_variance():
     spec = parse_spec(spec_dict())
     user = analyze_events(ev, spec)[0]
     req = analyze_events(ev.assign(unit_id=ev["trace_id"]), spec)[0]
-    width = lambda res: np.diff([r["abs_ci"] for r in res["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control"][0])[0]  # noqa: E731
+    width = lambda res: np.diff([r["abs_ci"] for r in res["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control"][0])[0]
     assert width(user) > 2 * width(req)
 
 
@@ -217,7 +216,7 @@ def test_cuped_from_pre_period_events_narrows_the_interval():
     with_pre = parse_spec(spec_dict(start="2026-12-01T00:00:00Z"))
     without = parse_spec(spec_dict(start="2026-12-01T00:00:00Z", analysis={"cuped": False}))
     a, b = analyze_events(ev, with_pre)[0], analyze_events(ev, without)[0]
-    row = lambda res: next(r for r in res["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control")  # noqa: E731
+    row = lambda res: next(r for r in res["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control")
     assert row(a)["method"].startswith("cuped") and row(b)["method"].startswith("delta")
     assert (row(a)["abs_ci"][1] - row(a)["abs_ci"][0]) < 0.8 * (row(b)["abs_ci"][1] - row(b)["abs_ci"][0])
     assert a["data_quality"]["pre_period_events"] == 40_000

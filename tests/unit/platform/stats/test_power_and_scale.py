@@ -6,7 +6,14 @@ import numpy as np
 import pytest
 from statsmodels.stats.power import NormalIndPower, TTestIndPower
 
-from ablab.platform.stats.comparisons import cuped_mean_test, cuped_test, proportion_test, quantile_test, ratio_test, welch_test
+from ablab.platform.stats.comparisons import (
+    cuped_mean_test,
+    cuped_test,
+    proportion_test,
+    quantile_test,
+    ratio_test,
+    welch_test,
+)
 from ablab.platform.stats.power import n_per_variant, power_row
 from ablab.platform.stats.quantiles import quantile_ci
 from ablab.platform.stats.sufficient import CupedStats, HistogramStats, ProportionStats, RatioStats, SampleStats

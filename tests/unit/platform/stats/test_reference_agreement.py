@@ -110,7 +110,7 @@ def test_cuped_is_welch_on_adjusted_values(rng):
     y_c = 0.8 * pre_c + rng.normal(0, 4, 900)
     y_t = 0.8 * pre_t + rng.normal(1.0, 4, 950)
     res = cuped_test(CupedStats.from_sample(y_c, pre_c), CupedStats.from_sample(y_t, pre_t))
-    cov = lambda u, v: np.cov(u, v, ddof=1)[0, 1]  # noqa: E731
+    cov = lambda u, v: np.cov(u, v, ddof=1)[0, 1]
     theta = (cov(y_c, pre_c) / 900 + cov(y_t, pre_t) / 950) / (pre_c.var(ddof=1) / 900 + pre_t.var(ddof=1) / 950)
     ref = stats.ttest_ind(y_t - theta * pre_t, y_c - theta * pre_c, equal_var=False)
     assert res.p_value == pytest.approx(ref.pvalue, abs=TOL)

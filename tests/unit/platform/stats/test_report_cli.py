@@ -18,7 +18,7 @@ def results_server():
     seen = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             seen.append((self.path, self.headers.get("Authorization")))
             ok = self.headers.get("Authorization") == "Bearer s3cret" and self.path == "/v1/experiments/exp/results"
             self.send_response(200 if ok else 401)

@@ -2,8 +2,8 @@
 
 import pytest
 
-from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 from ablab.platform.stats.spec import SpecError, parse_spec
+from ablab_testing.metrics import CONTRACT_CUSTOM_METRICS
 
 BASE = {"key": "k", "variants": [{"key": "a"}, {"key": "b"}]}
 SHAPES_EXAMPLE = {

@@ -1,4 +1,4 @@
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from ablab.platform.stats.timeseries import timeseries
 
 def _window_rows():
     rng = np.random.default_rng(0)
-    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    t0 = datetime(2026, 12, 1, tzinfo=UTC)
     rows, raw = [], {"a": [], "b": []}
     for w in range(6):
         for variant, mu in (("a", 100.0), ("b", 90.0)):

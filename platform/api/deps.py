@@ -25,7 +25,8 @@ Limit = Annotated[int, Query(ge=1, le=500)]
 
 
 def get_state(request: Request) -> AppState:
-    return request.app.state.ablab
+    state: AppState = request.app.state.ablab
+    return state
 
 
 StateDep = Annotated[AppState, Depends(get_state)]

@@ -68,13 +68,14 @@ class BodyLimitMiddleware:
             if refused is not None:
                 return {"type": "http.disconnect"}
             if body_done:  # waiting for a disconnect after the body is not reading it
-                return await receive()
+                after: dict[str, Any] = await receive()
+                return after
             read = _Read(deadline, asyncio.current_task())  # type: ignore[arg-type]
             key = next(self._ids)
             self._reads[key] = read
             self._ensure_sweeper(loop)
             try:
-                message = await receive()
+                message: dict[str, Any] = await receive()
             except asyncio.CancelledError:
                 if not read.timed_out:
                     raise

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from sqlalchemy import Engine, delete, insert
+from sqlalchemy import Engine, Table, delete, insert
 from sqlalchemy.exc import IntegrityError
 
 from ablab.platform.registry.models import WebhookDelivery
@@ -26,6 +26,7 @@ class SqlReplayGuard:
 
     def first_seen(self, key: str, *, expires_at: float) -> bool:
         table = WebhookDelivery.__table__
+        assert isinstance(table, Table)  # a declarative model's table, for the typed delete/insert below
         try:
             with self._engine.begin() as conn:
                 conn.execute(delete(table).where(table.c.expires_at < int(self._clock())))

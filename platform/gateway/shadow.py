@@ -28,6 +28,7 @@ whose caller may have no loop, a :class:`BackgroundShadows` (a runner on a loop 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import hashlib
 import json
 import logging
@@ -244,7 +245,7 @@ class ShadowRunner:
         slot = self.reserve(experiment, spec)
         return ("sent" if slot is not None else "dropped"), slot
 
-    def launch(self, job: ShadowJob, slot: Slot) -> asyncio.Task[Any]:
+    def launch(self, job: ShadowJob, slot: Slot) -> asyncio.Task[dict[str, Any] | None]:
         """Start a reserved shadow on the running loop; it owns ``slot`` from here on."""
         task = asyncio.get_running_loop().create_task(self.run(job, slot), name=f"ablab-shadow-{job.trace_id}")
         self.tasks.add(task)
@@ -490,7 +491,7 @@ class BackgroundShadows:
     def decide(self, trace_id: str, experiment: str, spec: ShadowSpec | None) -> tuple[str | None, Slot | None]:
         return self.runner.decide(trace_id, experiment, spec)
 
-    def submit(self, job: ShadowJob, slot: Slot) -> asyncio.Future[Any] | None:
+    def submit(self, job: ShadowJob, slot: Slot) -> concurrent.futures.Future[dict[str, Any] | None] | None:
         loop = self._loop
         if loop is None or loop.is_closed():
             slot.release()

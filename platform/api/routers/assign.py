@@ -96,7 +96,8 @@ def _json(text: str) -> Response:
 
 
 def _state(request: Request) -> AppState:
-    return request.app.state.ablab
+    state: AppState = request.app.state.ablab
+    return state
 
 
 async def _sdk_principal(request: Request, authorization: Annotated[str | None, Header()] = None) -> Principal:

@@ -77,7 +77,7 @@ def _components() -> dict[str, Any]:
     components["Event"] = {k: v for k, v in union.items() if not k.startswith("$")}
 
     def relaxed(name: str, optional: set[str], extra: dict[str, Any]) -> dict[str, Any]:
-        schema = json.loads(json.dumps(components[name]))
+        schema: dict[str, Any] = json.loads(json.dumps(components[name]))
         schema["required"] = [f for f in schema.get("required", []) if f not in optional]
         schema["properties"].update(extra)
         return schema
@@ -95,7 +95,8 @@ def install_openapi(app: Any) -> None:
         if app.openapi_schema is None:
             schema = generate()
             schema.setdefault("components", {}).setdefault("schemas", {}).update(_components())
-        return app.openapi_schema
+        built: dict[str, Any] = app.openapi_schema
+        return built
 
     app.openapi = openapi
 

@@ -11,8 +11,9 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, status
 from pydantic import BaseModel
 
-from ablab.platform.api.deps import MAX_ID, Admin, Limit, Offset, Principal, SessionDep, require_any
+from ablab.platform.api.deps import MAX_ID, Admin, Limit, Offset, SessionDep, require_any
 from ablab.platform.api.problems import responses
+from ablab.platform.api.state import Principal
 from ablab.platform.auth import create_api_key, key_read, list_api_keys, revoke_api_key_by_id
 from ablab.platform.errors import Conflict, Invalid, NotFound
 from ablab.platform.registry import service

@@ -17,12 +17,12 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ablab.platform.gateway import protocol
 from ablab.platform.gateway.prompting import transforms as tf
@@ -34,7 +34,7 @@ from ablab.platform.strategy import ContextPrune, DialogueState, PromptSplit, co
 
 log = logging.getLogger(__name__)
 
-PROMPT_FACTORS: dict[str, type] = {"dialogue_state": DialogueState, "prompt_split": PromptSplit, "context_prune": ContextPrune}
+PROMPT_FACTORS: dict[str, type[BaseModel]] = {"dialogue_state": DialogueState, "prompt_split": PromptSplit, "context_prune": ContextPrune}
 
 
 @dataclass
@@ -55,7 +55,7 @@ class PromptRuntime:
 
 def runtime(state: Any) -> PromptRuntime:
     """The state's prompt runtime, made on first use (kept in the state's own attributes)."""
-    found = vars(state).get("_prompting")
+    found: PromptRuntime | None = vars(state).get("_prompting")
     if found is None:
         found = vars(state)["_prompting"] = PromptRuntime(state)
     return found
@@ -143,6 +143,7 @@ async def _prompt_split(out: dict[str, Any], ps: PromptSplit, rt: PromptRuntime,
                         trace_id: str, notes: Notes, *, chat: bool) -> None:
     segments = tf.split_segments(out, ps.delimiter, chat=chat)
     soft = [s for s in segments if s.soft is not None]
+    rate: float | None
     if ps.prefill_tps is not None:
         rate, how = ps.prefill_tps, "declared"
     else:
@@ -183,11 +184,16 @@ async def _prompt_split(out: dict[str, Any], ps: PromptSplit, rt: PromptRuntime,
 # ---------------------------------------------------------------- context_prune
 
 
+def _replacing(replacements: Iterator[str]) -> Callable[[str], str]:
+    """A text map that hands out ``replacements`` in order, one per text it is given."""
+    return lambda _text: next(replacements)
+
+
 def _prune_targets(out: dict[str, Any], cp: ContextPrune, *, chat: bool) -> list[int | None]:
     """Indexes of the messages to prune (None: the completion prompt)."""
     if not chat:
         return [None] if isinstance(out.get("prompt"), str) else []
-    users = [i for i, m in enumerate(out["messages"]) if isinstance(m, dict) and m.get("role") == "user"]
+    users: list[int | None] = [i for i, m in enumerate(out["messages"]) if isinstance(m, dict) and m.get("role") == "user"]
     return users if cp.scope == "user" else users[-1:]
 
 
@@ -225,8 +231,7 @@ async def _context_prune(out: dict[str, Any], cp: ContextPrune, rt: PromptRuntim
             continue
         message = out["messages"][index]
         pruned = [await prune(t) for t in tf.texts(message)]
-        it = iter(pruned)
-        out["messages"][index] = tf.map_texts(message, lambda _t, it=it: next(it))
+        out["messages"][index] = tf.map_texts(message, _replacing(iter(pruned)))
     if not used:
         return
     # the weakest scorer any text got: backend < in_repo < none

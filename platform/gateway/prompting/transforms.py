@@ -284,7 +284,7 @@ def surprisal_from_echo(text: str, logprobs: Mapping[str, Any], *, vocab: int, t
         if isinstance(dist, Mapping) and dist:
             got = dist.get(pieces[j])
             found = isinstance(got, int | float) and math.isfinite(got)
-            nxt[j] = float(got) if found else _kth(dist, top_k)
+            nxt[j] = float(got) if found and got is not None else _kth(dist, top_k)
             if pieces[j] != pieces[j - 1]:  # a repeated piece is in its own position's entry either way
                 looked += 1
                 hits += found

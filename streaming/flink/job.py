@@ -1,8 +1,11 @@
 """The PyFlink job: 10-second window rows of each (experiment, variant), pure Flink SQL.
 
 The SQL lives next to this file (``sql/*.sql``, run in name order); this module only
-renders ``${name}`` placeholders from a :class:`JobConfig` (config-derived values, quoted
-for SQL string literals) and runs the statements: DDL and views one by one, the
+renders ``${name}`` placeholders — config-derived values from a :class:`JobConfig` (quoted
+for SQL string literals, checked token by token), and the column lists, bound checks and
+window aggregates generated from the field catalogue (:func:`catalogue_sql`,
+``ablab.platform.fields``: the Flink fields, their bounds, window statistics and late
+fields) — and runs the statements: DDL and views one by one, the
 ``INSERT`` statements as one statement set, hence one job and one checkpoint. No Python
 UDF is on the hot path.
 
@@ -70,7 +73,19 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from ablab.platform.fields import FIELDS
+from ablab.platform.fields import (
+    FIELDS,
+    FLINK_FIELDS,
+    FLINK_TYPES,
+    LATE_FIELDS,
+    WINDOW_QUANTILES,
+    WINDOWED,
+    Field,
+    WindowStat,
+    window_column,
+    window_types,
+    window_value_columns,
+)
 from ablab.streaming.kafka.consumer import FETCH_MAX_WAIT_MS, FETCH_MIN_BYTES
 
 SQL_DIR = Path(__file__).parent / "sql"
@@ -185,15 +200,16 @@ def _day_to_second(seconds: float) -> str:
     return f"{days} {rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}.{millis:03d}"
 
 
-def render(sql: str, parameters: dict[str, str]) -> str:
-    """Substitute ``${name}`` placeholders; every value must be a plain, quote-free token.
-
-    The values come from configuration, not from events, but are still checked so that a
-    stray quote cannot change a statement.
-    """
+def render(sql: str, parameters: dict[str, str], generated: dict[str, str] | None = None) -> str:
+    """Substitute ``${name}`` placeholders. A configuration value must be a plain, quote-free
+    token: it comes from configuration, not from events, but is still checked so that a stray
+    quote cannot change a statement. ``generated`` SQL (:func:`catalogue_sql`) is code, not
+    input, and is substituted as it is."""
 
     def value(match: re.Match[str]) -> str:
         name = match.group(1)
+        if generated and name in generated:
+            return generated[name]
         if name not in parameters:
             raise JobConfigError(f"SQL placeholder ${{{name}}} has no value")
         text = parameters[name]
@@ -218,52 +234,93 @@ def sql_files(names: tuple[str, ...] | None = None) -> list[Path]:
 
 def statements(config: JobConfig, *, parts: tuple[str, ...] | None = None) -> list[str]:
     """Every statement of the job (or of the named parts: sources_kafka, sinks_kafka, transform, inserts)."""
-    parameters = config.sql_parameters()
-    return [stmt for path in sql_files(parts) for stmt in split_statements(render(path.read_text(), parameters))]
+    parameters, generated = config.sql_parameters(), catalogue_sql(config)
+    return [stmt for path in sql_files(parts) for stmt in split_statements(render(path.read_text(), parameters, generated))]
 
 
-_CREATE_TABLE = re.compile(r"CREATE\s+TEMPORARY\s+TABLE\s+`?(\w+)`?\s*\(", re.IGNORECASE)
+# --- the column lists, rendered from the field catalogue --------------------------------
+
+ORDERED: tuple[tuple[str, str], ...] = (("ttft_ms", "e2e_ms"),)
+"""(earlier, later): a request's first token cannot come after its end; the edge refuses the
+same (``ablab.platform.events``), with the earlier field named."""
 
 
-def _top_level_split(body: str) -> list[str]:
-    parts, depth, current = [], 0, []
-    for ch in body:
-        if ch == "(":
-            depth += 1
-        elif ch == ")":
-            depth -= 1
-        if ch == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(ch)
-    parts.append("".join(current))
-    return [p.strip() for p in parts if p.strip()]
+def _upper_bound(f: Field, config: JobConfig) -> str:
+    """The field's physical ceiling as a literal of its Flink type: the job's configured
+    ceiling for its unit (latencies, cost, tokens), else the catalogue's."""
+    by_unit = {"ms": config.max_latency_ms, "USD": config.max_cost_usd, "tokens": float(config.max_tokens)}
+    hi = by_unit.get(f.unit, f.hi)
+    return str(int(hi)) if f.type == "int" else _double_literal(hi)
 
 
-def declared_tables(sql: str | None = None) -> dict[str, dict[str, str]]:
-    """Flink table → its physical columns (name → type) as the ``.sql`` files declare them.
+def _lower_bound(f: Field) -> str:
+    # 0 as an integer literal, as written before the lists were generated: -0.0 compares equal
+    return str(int(f.lo)) if f.lo == int(f.lo) else _double_literal(f.lo)
 
-    Computed columns, metadata columns and the watermark are left out: they are not what a
-    record carries. The catalogue test compares these with :mod:`ablab.platform.fields`.
-    """
-    if sql is None:
-        sql = "\n".join(path.read_text() for path in sql_files())
-    sql = "\n".join(line.split("--", 1)[0] for line in sql.splitlines())
-    tables: dict[str, dict[str, str]] = {}
-    for match in _CREATE_TABLE.finditer(sql):
-        depth, i = 1, match.end()
-        while depth and i < len(sql):
-            depth += {"(": 1, ")": -1}.get(sql[i], 0)
-            i += 1
-        columns: dict[str, str] = {}
-        for item in _top_level_split(sql[match.end():i - 1]):
-            words = item.split()
-            if words[0].upper() == "WATERMARK" or len(words) < 2 or words[1].upper() == "AS" or "METADATA" in item.upper():
-                continue
-            columns[words[0].strip("`")] = " ".join(words[1:])
-        tables[match.group(1)] = columns
-    return tables
+
+def _window_aggregate(f: Field, stat: WindowStat) -> str:
+    name, col = window_column(f.name, stat), f.name
+    if stat == "n":
+        return f"COUNT({col}) AS {name}"
+    value = col if stat == "sum" else f"{col} * {col}"
+    if f.type == "int":  # BIGINT sums, carried as DOUBLE as every window sum is
+        return f"CAST(SUM({value}) AS DOUBLE) AS {name}"
+    if f.nullable:  # a window where no request has the field sums to 0, not NULL
+        return f"COALESCE(SUM({value}), 0.0) AS {name}"
+    return f"SUM({value}) AS {name}"
+
+
+def _quantile_array(f: Field) -> str:
+    return f"{f.name}_q"
+
+
+def catalogue_sql(config: JobConfig) -> dict[str, str]:
+    """The SQL fragments the templates take from :mod:`ablab.platform.fields`: a new Flink
+    field, window statistic or late field is a catalogue entry, never an edit here."""
+    flink = [FIELDS[name] for name in FLINK_FIELDS]
+    checks = []
+    for f in flink:
+        bounds = f"NOT ({f.name} BETWEEN {_lower_bound(f)} AND {_upper_bound(f, config)})"
+        present = f"{f.name} IS NOT NULL AND " if f.nullable else ""
+        checks.append(f"WHEN {present}{bounds} THEN '{f.name}'")
+    checks += [f"WHEN {early} > {late} THEN '{early}'" for early, late in ORDERED]
+    messages = [
+        f"WHEN rejected_field = '{early}' AND {early} BETWEEN {_lower_bound(FIELDS[early])} AND "
+        f"{_upper_bound(FIELDS[early], config)} THEN '{early} exceeds {late}'"
+        for early, late in ORDERED
+    ]
+    counts_and_sums: tuple[WindowStat, ...] = ("n", "sum", "sumsq")
+    sums = [_window_aggregate(f, s) for f in WINDOWED for s in counts_and_sums if s in f.window]
+    quantiles = []
+    outer = []
+    for f in WINDOWED:
+        qs = [q for q in WINDOW_QUANTILES if q in f.window]
+        if qs:
+            levels = ", ".join(str(int(q[1:]) / 100) for q in qs)
+            quantiles.append(f"PERCENTILE({f.name}, ARRAY[{levels}]) AS {_quantile_array(f)}")
+    quantile_of = {
+        window_column(f.name, q): f"{_quantile_array(f)}[{i + 1}]"
+        for f in WINDOWED for i, q in enumerate(q for q in WINDOW_QUANTILES if q in f.window)
+    }
+    for column in window_value_columns():
+        outer.append(f"{quantile_of[column]} AS {column}" if column in quantile_of else column)
+    types = window_types()
+
+    def declared(names: list[str] | tuple[str, ...]) -> str:
+        return ", ".join(f"{name} {FLINK_TYPES[FIELDS[name].type]}" for name in names)
+
+    return {
+        "source_fields": ",\n    ".join(f"{f.name:<13} {FLINK_TYPES[f.type]}" for f in flink),
+        "fields": ", ".join(FLINK_FIELDS),
+        "required_fields": " AND ".join(f"{f.name} IS NOT NULL" for f in flink if not f.nullable),
+        "bound_checks": "\n           ".join(checks),
+        "order_messages": "\n           ".join(messages),
+        "late_fields": ", ".join(LATE_FIELDS),
+        "late_sink_columns": declared(LATE_FIELDS),
+        "window_sink_columns": ", ".join(f"{c} {types[c][1]}" for c in window_value_columns()),
+        "window_columns": ", ".join(outer),
+        "window_aggregates": ",\n           ".join([*sums, *quantiles]),
+    }
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> Path | None:

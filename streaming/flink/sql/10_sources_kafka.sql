@@ -1,4 +1,5 @@
--- Kafka source: the inference topic (ablab.streaming.kafka.topics). RUM and feedback are not
+-- Kafka source: the inference topic (ablab.streaming.kafka.topics); its measured fields are the
+-- catalogue's Flink fields (ablab.platform.fields), rendered by job.py. RUM and feedback are not
 -- read here: both are attributed to their request's window in ClickHouse, by trace_id.
 -- Event time is `ts`; the watermark trails the largest ts seen by the bounded
 -- out-of-orderness, each ts counted at most as the moment its record was `received` (the
@@ -20,12 +21,7 @@ CREATE TEMPORARY TABLE inference_events (
     trace_id      STRING,
     experiment    STRING,
     `variant`     STRING,
-    ttft_ms       DOUBLE,
-    e2e_ms        DOUBLE,
-    tpot_ms       DOUBLE,
-    prompt_tokens BIGINT,
-    output_tokens BIGINT,
-    cost_usd      DOUBLE,
+    ${source_fields},
     `error`       STRING,
     shadow_of     STRING,
     kafka_partition INT METADATA FROM 'partition' VIRTUAL,

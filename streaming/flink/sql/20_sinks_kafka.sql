@@ -7,13 +7,7 @@ CREATE TEMPORARY TABLE inference_window_sink (
     kind STRING, experiment STRING, `variant` STRING,
     window_start TIMESTAMP_LTZ(3), window_end TIMESTAMP_LTZ(3),
     n BIGINT, errors BIGINT,
-    e2e_ms_sum DOUBLE, e2e_ms_sumsq DOUBLE, ttft_ms_sum DOUBLE, ttft_ms_sumsq DOUBLE,
-    tpot_ms_n BIGINT, tpot_ms_sum DOUBLE, tpot_ms_sumsq DOUBLE,
-    cost_usd_sum DOUBLE, cost_usd_sumsq DOUBLE,
-    prompt_tokens_sum DOUBLE, prompt_tokens_sumsq DOUBLE,
-    output_tokens_sum DOUBLE, output_tokens_sumsq DOUBLE,
-    e2e_ms_p50 DOUBLE, e2e_ms_p95 DOUBLE, e2e_ms_p99 DOUBLE,
-    ttft_ms_p50 DOUBLE, ttft_ms_p95 DOUBLE, ttft_ms_p99 DOUBLE,
+    ${window_sink_columns},
     emitted_at TIMESTAMP_LTZ(3)
 ) WITH (
     'connector' = 'kafka',
@@ -26,12 +20,12 @@ CREATE TEMPORARY TABLE inference_window_sink (
     'json.timestamp-format.standard' = 'ISO-8601'
 );
 
--- A late event carries every value its window sums: the store folds it into that window.
+-- A late event carries every value its window sums (the catalogue's late fields): the store
+-- folds it into that window.
 CREATE TEMPORARY TABLE late_sink (
     kind STRING, event_type STRING, event_id STRING, trace_id STRING,
     experiment STRING, `variant` STRING, ts TIMESTAMP_LTZ(3), `watermark` TIMESTAMP_LTZ(3),
-    e2e_ms DOUBLE, ttft_ms DOUBLE, tpot_ms DOUBLE, cost_usd DOUBLE,
-    prompt_tokens BIGINT, output_tokens BIGINT, is_error INT
+    ${late_sink_columns}, is_error INT
 ) WITH (
     'connector' = 'kafka',
     'topic' = '${windows_topic}',

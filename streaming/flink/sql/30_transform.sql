@@ -30,31 +30,23 @@
 -- so its redeliveries collapse here as they do in raw_events.
 CREATE TEMPORARY VIEW inference_screened AS
 SELECT COALESCE(event_id, SUBSTRING(SHA256(CONCAT('inference', CHR(31), trace_id)) FROM 1 FOR 32)) AS event_id,
-       ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-       cost_usd, `error`, kafka_partition, received, arrival,
+       ts, trace_id, experiment, `variant`, ${fields}, `error`, kafka_partition, received, arrival,
        CASE
            WHEN ts > arrival + INTERVAL '${max_future_interval}' DAY TO SECOND(3) THEN 'ts'
-           WHEN NOT (e2e_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'e2e_ms'
-           WHEN NOT (ttft_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'ttft_ms'
-           WHEN tpot_ms IS NOT NULL AND NOT (tpot_ms BETWEEN 0 AND ${max_latency_ms}) THEN 'tpot_ms'
-           WHEN NOT (cost_usd BETWEEN 0 AND ${max_cost_usd}) THEN 'cost_usd'
-           WHEN NOT (prompt_tokens BETWEEN 0 AND ${max_tokens}) THEN 'prompt_tokens'
-           WHEN NOT (output_tokens BETWEEN 0 AND ${max_tokens}) THEN 'output_tokens'
-           WHEN ttft_ms > e2e_ms THEN 'ttft_ms'
+           ${bound_checks}
        END AS rejected_field
 FROM inference_events
 -- A shadow request (shadow_of set) is compared with its primary in ClickHouse, never
 -- counted in a variant's windows. Heartbeats (no trace_id) only move the watermark.
 WHERE shadow_of IS NULL AND ts IS NOT NULL AND trace_id IS NOT NULL
   AND experiment IS NOT NULL AND `variant` IS NOT NULL
-  AND ttft_ms IS NOT NULL AND e2e_ms IS NOT NULL AND prompt_tokens IS NOT NULL
-  AND output_tokens IS NOT NULL AND cost_usd IS NOT NULL;
+  AND ${required_fields};
 
 CREATE TEMPORARY VIEW rejected_rows AS
 SELECT 'rejected' AS kind, rejected_field AS field,
        CASE
            WHEN rejected_field = 'ts' THEN 'event time more than ${max_future_s} s ahead of the processing clock'
-           WHEN rejected_field = 'ttft_ms' AND ttft_ms BETWEEN 0 AND ${max_latency_ms} THEN 'ttft_ms exceeds e2e_ms'
+           ${order_messages}
            ELSE 'outside physical bounds (latencies 0..${max_latency_text} ms, cost 0..${max_cost_text}, tokens 0..${max_tokens})'
        END AS message,
        event_id, trace_id, experiment, `variant`, CAST(ts AS TIMESTAMP_LTZ(3)) AS ts
@@ -81,8 +73,7 @@ CREATE TEMPORARY VIEW inference_seen AS
 SELECT *,
        ts <= seen_watermark OR ts <= CURRENT_WATERMARK(ts) IS TRUE AS is_late
 FROM (
-    SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-           cost_usd, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, received, arrival,
+    SELECT event_id, ts, trace_id, experiment, `variant`, ${fields}, CASE WHEN `error` IS NULL THEN 0 ELSE 1 END AS is_error, kafka_partition, received, arrival,
            CAST(MAX(LEAST(ts, received, arrival)) OVER (PARTITION BY kafka_partition ORDER BY arrival
                               ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
                 - INTERVAL '${out_of_orderness_s}' SECOND AS TIMESTAMP_LTZ(3)) AS seen_watermark
@@ -91,8 +82,7 @@ FROM (
 );
 
 CREATE TEMPORARY VIEW inference_checked AS
-SELECT event_id, ts, trace_id, experiment, `variant`, ttft_ms, e2e_ms, tpot_ms, prompt_tokens, output_tokens,
-       cost_usd, is_error, kafka_partition, arrival, seen_watermark, is_late
+SELECT event_id, ts, trace_id, experiment, `variant`, ${fields}, is_error, kafka_partition, arrival, seen_watermark, is_late
 FROM (
     SELECT *, ROW_NUMBER() OVER (PARTITION BY event_id ORDER BY arrival) AS arrival_rank
     FROM inference_seen
@@ -101,8 +91,7 @@ WHERE arrival_rank = 1;
 
 CREATE TEMPORARY VIEW late_rows AS
 SELECT 'late' AS kind, 'inference' AS event_type, event_id, trace_id, experiment, `variant`,
-       CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, e2e_ms,
-       ttft_ms, tpot_ms, cost_usd, prompt_tokens, output_tokens, is_error
+       CAST(ts AS TIMESTAMP_LTZ(3)) AS ts, seen_watermark AS `watermark`, ${late_fields}, is_error
 FROM inference_checked
 WHERE is_late;
 
@@ -111,27 +100,13 @@ SELECT * FROM inference_checked WHERE NOT is_late;
 
 CREATE TEMPORARY VIEW inference_window_stats AS
 SELECT kind, experiment, `variant`, window_start, window_end, n, errors,
-       e2e_ms_sum, e2e_ms_sumsq, ttft_ms_sum, ttft_ms_sumsq, tpot_ms_n, tpot_ms_sum, tpot_ms_sumsq,
-       cost_usd_sum, cost_usd_sumsq, prompt_tokens_sum, prompt_tokens_sumsq,
-       output_tokens_sum, output_tokens_sumsq,
-       e2e_q[1] AS e2e_ms_p50, e2e_q[2] AS e2e_ms_p95, e2e_q[3] AS e2e_ms_p99,
-       ttft_q[1] AS ttft_ms_p50, ttft_q[2] AS ttft_ms_p95, ttft_q[3] AS ttft_ms_p99,
+       ${window_columns},
        emitted_at
 FROM (
     SELECT 'inference' AS kind, experiment, `variant`, window_start, window_end,
            COUNT(*) AS n,
            CAST(SUM(is_error) AS BIGINT) AS errors,
-           SUM(e2e_ms) AS e2e_ms_sum, SUM(e2e_ms * e2e_ms) AS e2e_ms_sumsq,
-           SUM(ttft_ms) AS ttft_ms_sum, SUM(ttft_ms * ttft_ms) AS ttft_ms_sumsq,
-           COUNT(tpot_ms) AS tpot_ms_n,
-           COALESCE(SUM(tpot_ms), 0.0) AS tpot_ms_sum, COALESCE(SUM(tpot_ms * tpot_ms), 0.0) AS tpot_ms_sumsq,
-           SUM(cost_usd) AS cost_usd_sum, SUM(cost_usd * cost_usd) AS cost_usd_sumsq,
-           CAST(SUM(prompt_tokens) AS DOUBLE) AS prompt_tokens_sum,
-           CAST(SUM(prompt_tokens * prompt_tokens) AS DOUBLE) AS prompt_tokens_sumsq,
-           CAST(SUM(output_tokens) AS DOUBLE) AS output_tokens_sum,
-           CAST(SUM(output_tokens * output_tokens) AS DOUBLE) AS output_tokens_sumsq,
-           PERCENTILE(e2e_ms, ARRAY[0.5, 0.95, 0.99]) AS e2e_q,
-           PERCENTILE(ttft_ms, ARRAY[0.5, 0.95, 0.99]) AS ttft_q,
+           ${window_aggregates},
            CURRENT_TIMESTAMP AS emitted_at
     FROM TABLE(TUMBLE(TABLE inference_on_time, DESCRIPTOR(ts), INTERVAL '10' SECOND))
     GROUP BY window_start, window_end, experiment, `variant`

@@ -12,7 +12,7 @@ from fastapi import FastAPI
 from ablab.platform.api import problems
 from ablab.platform.api.limits import BodyLimitMiddleware
 from ablab.platform.api.ports import AnalyticsBackend, IngestPipeline
-from ablab.platform.api.routers import assign, experiments, factors, health, keys, layers, results
+from ablab.platform.api.routers import assign, experiments, factors, health, keys, layers, results, ship
 from ablab.platform.api.routers import ingest as ingest_routes
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
@@ -135,6 +135,7 @@ def create_app(
         app.include_router(module.router)
     app.include_router(keys.whoami_router)
     app.include_router(factors.router)
+    app.include_router(ship.router)
     ingest_routes.install_openapi(app)
     # Outermost last: the metrics middleware also sees the body limit's 413/408 answers.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)

@@ -39,3 +39,13 @@ __all__ = [
     "list_experiments", "list_holdouts", "list_layers", "pause_variant", "record_audit", "registry_revision",
     "resume_variant", "sdk_config", "to_read", "transition", "unarchive_experiment", "update_experiment",
 ]
+
+# Shipping a winner (issue 33 item 5): its own module, re-exported here beside the lifecycle.
+from ablab.platform.registry.ship import (
+    ShipRefused,
+    ShipRequest,
+    current_ship,
+    ship_variant,
+)
+
+__all__ += ["ShipRefused", "ShipRequest", "current_ship", "ship_variant"]

@@ -17,6 +17,7 @@ COMMAND_MODULES = (
     "keys",
     "api",
     "experiments",
+    "ship",
     "streaming",
     "inference",
     "analysis",

@@ -9,14 +9,17 @@ milliseconds. Pure: arrays in, dataclasses out.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
+from numpy.typing import NDArray
 
 from .metrics import HISTOGRAM_SOURCES, METRICS, UNIT_COLUMNS, CustomMetric, custom_columns
 from .sufficient import CupedStats, HistogramStats, RatioStats, SampleStats
+
+Array = NDArray[np.float64]
 
 OPTIONAL_COLUMNS = {"e2e_ms_sq", "ttft_ms_sq"}
 
@@ -35,18 +38,25 @@ class VariantStats:
     samples: Mapping[str, SampleStats] = field(default_factory=dict)
 
     def __add__(self, other: VariantStats) -> VariantStats:
-        def merge(a: Mapping, b: Mapping) -> dict:
-            return {k: a[k] + b[k] if k in a and k in b else a.get(k, b.get(k)) for k in {*a, *b}}
+        """Pools two disjoint sets of units (windows, strata, shards). Both must carry the
+        same statistics: a key on one side only would silently count half the units."""
+        if not isinstance(other, VariantStats):
+            raise TypeError(f"cannot add {type(other).__name__} to VariantStats")
+
+        def merge(part: str, a: Mapping[str, Any], b: Mapping[str, Any]) -> dict[str, Any]:
+            if a.keys() != b.keys():
+                raise ValueError(f"VariantStats.{part}: keys differ ({sorted(set(a) ^ set(b))} on one side only)")
+            return {k: a[k] + b[k] for k in a}
 
         duration = None if self.duration_s is None or other.duration_s is None else self.duration_s + other.duration_s
         return VariantStats(
             self.units + other.units,
-            merge(self.ratios, other.ratios),
-            merge(self.cuped, other.cuped),
-            merge(self.histograms, other.histograms),
-            merge(self.request_sumsq, other.request_sumsq),
+            merge("ratios", self.ratios, other.ratios),
+            merge("cuped", self.cuped, other.cuped),
+            merge("histograms", self.histograms, other.histograms),
+            merge("request_sumsq", self.request_sumsq, other.request_sumsq),
             duration,
-            merge(self.samples, other.samples),
+            merge("samples", self.samples, other.samples),
         )
 
     def design_effect(self, latency: str) -> float:
@@ -62,7 +72,7 @@ class VariantStats:
         return max(1.0, clustered / naive)
 
 
-def _column(units: Any, name: str) -> np.ndarray:
+def _column(units: Any, name: str) -> Array:
     try:
         col = units[name]
     except KeyError:
@@ -127,89 +137,99 @@ def segment_stats_from_units(
     return out
 
 
-def _labels(values: Any) -> np.ndarray:
-    values = np.asarray(values)
-    return values.astype(str) if values.dtype == object else values
+def _labels(values: Any) -> NDArray[Any]:
+    arr: NDArray[Any] = np.asarray(values)
+    return arr.astype(str) if arr.dtype == object else arr
 
 
-def _codes(values: Any, names: Sequence[str] | None) -> tuple[np.ndarray, np.ndarray]:
+def _codes(values: Any, names: Sequence[str] | None) -> tuple[NDArray[np.intp], NDArray[Any]]:
     """(code per row, label per code): ``values`` are indices into ``names`` when given."""
     if names is not None:
-        return np.asarray(values, dtype=np.int64), np.asarray(list(names), dtype=object)
+        return np.asarray(values, dtype=np.intp), np.asarray(list(names), dtype=object)
     labels, codes = np.unique(_labels(values), return_inverse=True)
     return codes, labels
 
 
-def _group_stats(units: Any, codes: np.ndarray, k: int, *, cuped: bool, custom: Sequence[CustomMetric]) -> list[dict[str, Any]]:
+class _GroupParts(TypedDict):
+    """The VariantStats fields that come from unit rows."""
+
+    units: float
+    ratios: dict[str, RatioStats]
+    cuped: dict[str, CupedStats]
+    request_sumsq: dict[str, float]
+    samples: dict[str, SampleStats]
+
+
+def _cuped_sums(mat: Array, s: Callable[[Array], Array]) -> tuple[Array, Array]:
+    """Per group: Σ of each of x, y, px, py (rows of ``mat``) and the 4×4 Σ(a·b), as
+    (4 × k, 4 × 4 × k) arrays."""
+    first = np.vstack([s(row) for row in mat])
+    cross = np.stack([[s(a * b) for b in mat] for a in mat])
+    return first, cross
+
+
+def _group_stats(units: Any, codes: NDArray[np.intp], k: int, *, cuped: bool, custom: Sequence[CustomMetric]) -> list[_GroupParts]:
     """Per group (``codes`` in ``range(k)``): the VariantStats fields that come from unit rows."""
     count = np.bincount(codes, minlength=k).astype(float)
     cols = {c: _column(units, c) for c in UNIT_COLUMNS if c not in OPTIONAL_COLUMNS or _has(units, c)}
 
-    def s(v: np.ndarray) -> np.ndarray:
-        return np.bincount(codes, weights=v, minlength=k)
+    def s(v: Array) -> Array:
+        # bincount with weights sums in float64 (the stubs say int)
+        return np.asarray(np.bincount(codes, weights=v, minlength=k), dtype=np.float64)
 
     pairs = {m.name: (m.numerator, m.denominator) for m in METRICS.values() if m.kind != "quantile"}
     pairs["coverage"] = ("labeled", "requests")
-    sums: dict[str, tuple[np.ndarray, ...]] = {}
+    sums: dict[str, tuple[Array, ...]] = {}
     for name, (xn, yn) in pairs.items():
         x, y = cols[xn], cols[yn]
         sums[name] = (s(x), s(x * x), s(y), s(y * y), s(x * y))
 
-    cuped_sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    # metric → (units per group, per-group sums, per-group cross-products)
+    cuped_sums: dict[str, tuple[Array, Array, Array]] = {}
     if cuped:
         for name, (xn, yn) in pairs.items():
             if name != "coverage" and _has(units, f"pre_{xn}") and _has(units, f"pre_{yn}"):
                 m = np.vstack([cols[xn], cols[yn], _column(units, f"pre_{xn}"), _column(units, f"pre_{yn}")])
-                first = np.vstack([s(row) for row in m])
-                cross = np.stack([s(m[i] * m[j]) for i in range(4) for j in range(4)])
-                cuped_sums[name] = (first, cross)
+                # a group without pre-period denominator has no covariate: left out
+                cuped_sums[name] = (count, *_cuped_sums(m, s))
 
     sumsq = {lat: s(cols[f"{lat}_sq"]) for lat in HISTOGRAM_SOURCES if f"{lat}_sq" in cols}
-    samples: dict[str, tuple[np.ndarray, ...]] = {}
-    unit_cuped: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for m in custom:
-        cc = custom_columns(m)
+    samples: dict[str, tuple[Array, ...]] = {}
+    for cm in custom:
+        cc = custom_columns(cm)
         x, y = _column(units, cc["x"]), _column(units, cc["y"])
-        sums[m.name] = (s(x), s(x * x), s(y), s(y * y), s(x * y))
+        sums[cm.name] = (s(x), s(x * x), s(y), s(y * y), s(x * y))
         if "sq" in cc:
-            sumsq[m.name] = s(_column(units, cc["sq"]))
+            sumsq[cm.name] = s(_column(units, cc["sq"]))
         pre = ("pre_x", "pre_y") if "pre_x" in cc else ("cov_x", "cov_y") if "cov_x" in cc else None
         px = py = None
         if pre and cuped:
             px, py = _column(units, cc[pre[0]]), _column(units, cc[pre[1]])
-        if m.aggregation == "request":
-            if px is not None:
-                mat = np.vstack([x, y, px, py])
-                cuped_sums[m.name] = (np.vstack([s(r) for r in mat]), np.stack([s(a * b) for a in mat for b in mat]))
+        if cm.aggregation == "request":
+            if px is not None and py is not None:
+                cuped_sums[cm.name] = (count, *_cuped_sums(np.vstack([x, y, px, py]), s))
             continue
         # one value per unit: its mean over requests with a value (units without one drop
         # out), or its total (every unit counts, zero when it has none)
-        keep = (y > 0).astype(float) if m.aggregation == "unit_mean" else np.ones_like(x)
+        keep = (y > 0).astype(float) if cm.aggregation == "unit_mean" else np.ones_like(x)
         with np.errstate(divide="ignore", invalid="ignore"):
-            v = np.where(y > 0, x / y, 0.0) if m.aggregation == "unit_mean" else x
-        samples[m.name] = (s(keep), s(v * keep), s(v * v * keep))
-        if px is not None:
+            v = np.where(y > 0, x / y, 0.0) if cm.aggregation == "unit_mean" else x
+        samples[cm.name] = (s(keep), s(v * keep), s(v * v * keep))
+        if px is not None and py is not None:
             # the covariate on the same scale; a unit without pre-period/covariate data gets 0
             with np.errstate(divide="ignore", invalid="ignore"):
-                c = np.where(py > 0, px / py, 0.0) if m.aggregation == "unit_mean" else px
-            mat = np.vstack([v, keep, c, keep]) * keep
-            unit_cuped[m.name] = (s(keep), np.vstack([s(r) for r in mat]), np.stack([s(a * b) for a in mat for b in mat]))
-    out: list[dict[str, Any]] = []
+                c = np.where(py > 0, px / py, 0.0) if cm.aggregation == "unit_mean" else px
+            cuped_sums[cm.name] = (s(keep), *_cuped_sums(np.vstack([v, keep, c, keep]) * keep, s))
+    out: list[_GroupParts] = []
     for i in range(k):
-        cu = {
-            name: CupedStats(count[i], tuple(map(float, first[:, i])), tuple(map(float, cross[:, i])))
-            for name, (first, cross) in cuped_sums.items()
-            if first[3, i] > 0
-        }
-        cu.update(
-            (name, CupedStats(float(n[i]), tuple(map(float, first[:, i])), tuple(map(float, cross[:, i]))))
-            for name, (n, first, cross) in unit_cuped.items()
-            if n[i] > 0
-        )
         out.append({
             "units": float(count[i]),
             "ratios": {name: RatioStats(count[i], *(float(a[i]) for a in arrs)) for name, arrs in sums.items()},
-            "cuped": cu,
+            "cuped": {
+                name: CupedStats.from_moments(float(n[i]), first[:, i], cross[:, :, i])
+                for name, (n, first, cross) in cuped_sums.items()
+                if n[i] > 0 and first[3, i] > 0
+            },
             "request_sumsq": {lat: float(v[i]) for lat, v in sumsq.items()},
             "samples": {name: SampleStats(*(float(a[i]) for a in arrs)) for name, arrs in samples.items()},
         })

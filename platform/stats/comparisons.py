@@ -176,20 +176,19 @@ def cuped_test(
 
     For unit-level means (y = py = 1) this is exactly Welch's test on y − θ·x.
     """
-    if control.n < 3 or variant.n < 3 or 0 in (control.sums[1], variant.sums[1], control.sums[3], variant.sums[3]):
+    if control.n < 3 or variant.n < 3 or 0 in (control.sum_y, variant.sum_y, control.sum_py, variant.sum_py):
         return _failed("cuped", NAN, NAN, "not_enough_data")
     theta = cuped_theta(control, variant)
     var_c, pvar_c, cov_c = control.ratio_moments()
     var_t, pvar_t, cov_t = variant.ratio_moments()
     adj_c = var_c + theta**2 * pvar_c - 2 * theta * cov_c
     adj_t = var_t + theta**2 * pvar_t - 2 * theta * cov_t
-    pooled_pre = (control.sums[2] + variant.sums[2]) / (control.sums[3] + variant.sums[3])
+    pooled_pre = (control.sum_px + variant.sum_px) / (control.sum_py + variant.sum_py)
     mc = control.ratio - theta * (control.pre_ratio - pooled_pre)
     mt = variant.ratio - theta * (variant.pre_ratio - pooled_pre)
     diff = (variant.ratio - control.ratio) - theta * (variant.pre_ratio - control.pre_ratio)
     var_diff = adj_c + adj_t
     df = var_diff**2 / (adj_c**2 / (control.n - 1) + adj_t**2 / (variant.n - 1)) if var_diff > 0 else NAN
-    # relative to the unadjusted control ratio Rc: Cov(Δ_adj, Rc) = −Var Rc + θ Cov(Rc, Rpre_c)
     # relative to the unadjusted control ratio Rc: Cov(Δ_adj, Rc) = −Var Rc + θ Cov(Rc, Rpre_c)
     unadjusted = var_c + var_t
     return _finish(
@@ -202,8 +201,7 @@ def cuped_test(
 
 def _unit_moments(c: CupedStats) -> tuple[float, float, float, float, float, float]:
     """(n, Σv, Σv², Σc, Σc², Σvc) of a unit-level CupedStats (y = py = 1)."""
-    cross = c.cross
-    return c.n, c.sums[0], cross[0], c.sums[2], cross[10], cross[2]
+    return c.n, c.sum_x, c.sum_x2, c.sum_px, c.sum_px2, c.sum_x_px
 
 
 def cuped_mean_test(

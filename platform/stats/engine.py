@@ -62,14 +62,6 @@ def _scaled(r: RatioStats, k: float) -> RatioStats:
     return RatioStats(r.n, k * r.sum_x, k * k * r.sum_x2, r.sum_y, r.sum_y2, k * r.sum_xy)
 
 
-def _scaled_cuped(c: CupedStats, k: float) -> CupedStats:
-    if k == 1.0:
-        return c
-    w = np.array([k, 1.0, 1.0, 1.0])
-    cross = (np.asarray(c.cross).reshape(4, 4) * np.outer(w, w)).ravel()
-    return CupedStats(c.n, tuple(np.asarray(c.sums) * w), tuple(map(float, cross)))
-
-
 def _scale(m: AnyMetric) -> float:
     return m.scale if _custom(m) and m.kind == "ratio" else 1.0
 
@@ -118,7 +110,7 @@ def _cuped_pair(spec: ExperimentSpec, m: AnyMetric, control: VariantStats, varia
         return None
     if m.name in control.cuped and m.name in variant.cuped:
         k = _scale(m)
-        return _scaled_cuped(control.cuped[m.name], k), _scaled_cuped(variant.cuped[m.name], k)
+        return control.cuped[m.name].scaled(k), variant.cuped[m.name].scaled(k)
     return None
 
 

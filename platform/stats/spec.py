@@ -1,8 +1,9 @@
 """What the engine needs to know about an experiment, parsed from the API/YAML shape.
 
 Accepts the body of ``POST /v1/experiments`` (``key, control, variants: [{key, weight,
-strategy}], unit, metrics?, guardrails?``) plus analysis options. Plain dataclasses, no
-pydantic, so the engine stays numpy/scipy only; errors name the offending field.
+strategy}], unit, metrics?, guardrails?``) plus analysis options. Plain dataclasses; an
+experiment-defined metric is validated by its pydantic model (:mod:`.custom_metric`, the one
+the registry validates request bodies with). Errors name the offending field.
 
 Guardrails::
 
@@ -15,11 +16,13 @@ Guardrails::
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from .custom_metric import CUSTOM_METRIC, CUSTOM_METRIC_TYPES, CustomMetricModel, error_text, snake_name
 from .metrics import DEFAULT_METRICS, METRICS, SLO_METRICS, CustomMetric, MetricDef
 from .sequential import DEFAULT_TUNING_N
 
@@ -143,134 +146,48 @@ def _guardrail(raw: Any, i: int, known: Mapping[str, Any]) -> Guardrail:
 DEFAULT_MDE = 0.05
 MAX_CUSTOM = 32
 MAX_SEGMENTS = 5
-INFERENCE_SOURCES: tuple[str, ...] = (
-    "e2e_ms", "ttft_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd",
-)
-# Fields where less is better by nature (time, money, failures); everything else: more is better.
-LOWER_IS_BETTER_SOURCES = frozenset({"e2e_ms", "ttft_ms", "tpot_ms", "device_s", "cost_usd", "error"})
-BINARY_SOURCES = frozenset({"error", "correct"})  # proportion also takes measures.* and score
-KNOWN_SOURCES = (*INFERENCE_SOURCES, "measures.<name>", "score", "correct", "error")
-_NAME = re.compile(r"[a-z][a-z0-9_]*")
-_CUSTOM_FIELDS = {
-    "name", "type", "column", "numerator", "denominator", "aggregation", "scale", "quantile",
-    "lower_is_better", "direction", "cuped",
-}
-_KINDS = ("mean", "proportion", "ratio", "quantile")
-_AGGREGATIONS = ("request", "unit_mean", "unit_sum")
 
 
 def _snake(value: Any, where: str, max_len: int = 64) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value) or len(value) > max_len:
-        raise SpecError(f"{where}: {value!r} is not a snake_case name of at most {max_len} characters")
-    return value
+    try:
+        return snake_name(value, max_len)
+    except ValueError as exc:
+        raise SpecError(f"{where}: {exc}") from None
 
 
-def _source(value: Any, where: str) -> str:
-    if isinstance(value, str):
-        if value in INFERENCE_SOURCES or value in ("score", "correct", "error"):
-            return value
-        if value.startswith("measures."):
-            _snake(value.removeprefix("measures."), where)
-            return value
-    raise SpecError(f"{where}: unknown source {value!r}; known: {', '.join(KNOWN_SOURCES)}")
-
-
-def _direction(raw: Mapping[str, Any], where: str, natural: str) -> bool:
-    lib = raw.get("lower_is_better")
-    direction = raw.get("direction")
-    if lib is not None and not isinstance(lib, bool):
-        raise SpecError(f"{where}lower_is_better: expected true or false, got {lib!r}")
-    if direction is not None and direction not in ("lower", "higher"):
-        raise SpecError(f"{where}direction: must be lower or higher, got {direction!r}")
-    if lib is not None and direction is not None and lib != (direction == "lower"):
-        raise SpecError(f"{where}direction: contradicts lower_is_better; give one of them")
-    if lib is not None:
-        return lib
-    if direction is not None:
-        return direction == "lower"
-    return natural in LOWER_IS_BETTER_SOURCES
-
-
-def _custom(raw: Any, i: int) -> CustomMetric:
-    where = f"metrics.custom[{i}]."
-    if not isinstance(raw, Mapping):
-        raise SpecError(f"metrics.custom[{i}]: expected a mapping, got {raw!r}")
-    unknown = set(raw) - _CUSTOM_FIELDS
-    if unknown:
-        raise SpecError(f"{where}{sorted(unknown)[0]}: unknown field; known: {', '.join(sorted(_CUSTOM_FIELDS))}")
-    name = _snake(_need(raw, "name", where), f"{where}name")
-    if name in METRICS or name == "coverage":
-        raise SpecError(f"{where}name: {name!r} is a built-in metric; pick another name")
-    kind = _need(raw, "type", where)
-    if kind not in _KINDS:
-        raise SpecError(f"{where}type: must be one of {', '.join(_KINDS)}, got {kind!r}")
-    aggregation = raw.get("aggregation", "request")
-    if aggregation not in _AGGREGATIONS:
-        raise SpecError(f"{where}aggregation: must be one of {', '.join(_AGGREGATIONS)}, got {aggregation!r}")
-    column = numerator = denominator = None
-    if kind == "ratio":
-        for f in ("column", "quantile"):
-            if raw.get(f) is not None:
-                raise SpecError(f"{where}{f}: a ratio takes numerator and denominator, not {f}")
-        numerator = _source(_need(raw, "numerator", where), f"{where}numerator")
-        denominator = _source(_need(raw, "denominator", where), f"{where}denominator")
-        if aggregation != "request":
-            raise SpecError(f"{where}aggregation: a ratio is Σ numerator / Σ denominator; only 'request' applies")
-        natural = numerator
-    else:
-        for f in ("numerator", "denominator"):
-            if raw.get(f) is not None:
-                raise SpecError(f"{where}{f}: only a ratio takes {f}; use column")
-        column = _source(_need(raw, "column", where), f"{where}column")
-        natural = column
-        if kind == "proportion" and column not in BINARY_SOURCES and not column.startswith("measures.") and column != "score":
-            raise SpecError(f"{where}column: a proportion needs a 0/1 source (error, correct, score, measures.*), got {column!r}")
-    scale = 1.0
-    if raw.get("scale") is not None:
-        if kind != "ratio":
-            raise SpecError(f"{where}scale: only a ratio takes a scale")
-        scale = _number(raw["scale"], f"{where}scale")
-        if not (scale > 0 and math.isfinite(scale)):
-            raise SpecError(f"{where}scale: must be a finite number > 0, got {scale}")
-    quantile = None
-    if kind == "quantile":
-        quantile = _number(_need(raw, "quantile", where), f"{where}quantile")
-        if not 0 < quantile < 1:
-            raise SpecError(f"{where}quantile: must be in (0, 1), got {quantile}")
-        if aggregation != "request":
-            raise SpecError(f"{where}aggregation: a quantile is over requests; only 'request' applies")
-    elif raw.get("quantile") is not None:
-        raise SpecError(f"{where}quantile: only type quantile takes a quantile")
-    cuped = None
-    if raw.get("cuped") is not None:
-        c = raw["cuped"]
-        if not isinstance(c, Mapping) or set(c) != {"covariate"}:
-            raise SpecError(f"{where}cuped: expected {{covariate: pre_period | <source>}}, got {c!r}")
-        if kind == "quantile":
-            raise SpecError(f"{where}cuped: CUPED adjusts means and ratios, not quantiles")
-        cov = c["covariate"]
-        cuped = "pre_period" if cov == "pre_period" else _source(cov, f"{where}cuped.covariate")
-    return CustomMetric(
-        name=name, kind=kind, column=column, numerator=numerator, denominator=denominator,
-        aggregation=aggregation, scale=scale, quantile=quantile,
-        lower_is_better=_direction(raw, where, natural), cuped=cuped,
-    )
-
-
-def parse_custom(raw: Any) -> tuple[CustomMetric, ...]:
+def validate_custom(raw: Any) -> tuple[CustomMetricModel, ...]:
+    """``metrics.custom``: each entry validated by its type's model (already-validated models
+    pass as they are), then what only the list can tell: no built-in's name, none twice."""
     if raw is None:
         return ()
-    if not isinstance(raw, list):
+    if not isinstance(raw, (list, tuple)):
         raise SpecError("metrics.custom: expected a list of metric definitions")
     if len(raw) > MAX_CUSTOM:
         raise SpecError(f"metrics.custom: at most {MAX_CUSTOM} metrics, got {len(raw)}")
-    out = [_custom(m, i) for i, m in enumerate(raw)]
-    seen: set[str] = set()
-    for i, m in enumerate(out):
-        if m.name in seen:
-            raise SpecError(f"metrics.custom[{i}].name: {m.name!r} is defined twice")
-        seen.add(m.name)
+    out: list[CustomMetricModel] = []
+    for i, item in enumerate(raw):
+        where = f"metrics.custom[{i}]"
+        m: CustomMetricModel
+        if isinstance(item, CUSTOM_METRIC_TYPES):
+            m = item
+        elif not isinstance(item, Mapping):
+            raise SpecError(f"{where}: expected a mapping, got {item!r}")
+        else:
+            try:
+                m = CUSTOM_METRIC.validate_python(item)
+            except ValidationError as exc:
+                raise SpecError(error_text(exc, where)) from None
+        if m.name in METRICS or m.name == "coverage":
+            raise SpecError(f"{where}.name: {m.name!r} is a built-in metric; pick another name")
+        if any(o.name == m.name for o in out):
+            raise SpecError(f"{where}.name: {m.name!r} is defined twice")
+        out.append(m)
     return tuple(out)
+
+
+def parse_custom(raw: Any) -> tuple[CustomMetric, ...]:
+    """The engine's definitions of ``metrics.custom`` (:func:`validate_custom`)."""
+    return tuple(m.definition() for m in validate_custom(raw))
 
 
 def parse_segments(raw: Any) -> tuple[str, ...]:

@@ -10,14 +10,20 @@ what makes request-level means (ratios over units) get honest, clustered varianc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from typing import TypeVar
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
+
+FloatArray = NDArray[np.float64]
+_S = TypeVar("_S", "SampleStats", "ProportionStats", "RatioStats", "CupedStats")
 
 
-def _add(a, b):
+def _add(a: _S, b: _S) -> _S:
+    """Field-wise sum of two statistics of the same kind; anything else is refused."""
     if type(a) is not type(b):
-        return NotImplemented
+        raise TypeError(f"cannot add {type(b).__name__} to {type(a).__name__}")
     return type(a)(*(getattr(a, f.name) + getattr(b, f.name) for f in fields(a)))
 
 
@@ -41,10 +47,11 @@ class SampleStats:
     sum: float = 0.0
     sum_sq: float = 0.0
 
-    __add__ = _add
+    def __add__(self, other: SampleStats) -> SampleStats:
+        return _add(self, other)
 
     @classmethod
-    def from_values(cls, values: np.ndarray) -> SampleStats:
+    def from_values(cls, values: ArrayLike) -> SampleStats:
         v = np.asarray(values, dtype=float)
         return cls(float(v.size), float(v.sum()), float(np.dot(v, v)))
 
@@ -69,7 +76,8 @@ class ProportionStats:
     n: float = 0.0
     successes: float = 0.0
 
-    __add__ = _add
+    def __add__(self, other: ProportionStats) -> ProportionStats:
+        return _add(self, other)
 
     @property
     def mean(self) -> float:
@@ -92,21 +100,24 @@ class RatioStats:
     sum_y2: float = 0.0
     sum_xy: float = 0.0
 
-    __add__ = _add
+    def __add__(self, other: RatioStats) -> RatioStats:
+        return _add(self, other)
 
     @classmethod
-    def from_values(cls, x: np.ndarray, y: np.ndarray) -> RatioStats:
-        x = np.asarray(x, dtype=float)
-        y = np.asarray(y, dtype=float)
-        if x.shape != y.shape:
-            raise ValueError(f"x and y differ in shape: {x.shape} vs {y.shape}")
-        return cls(float(x.size), float(x.sum()), float(np.dot(x, x)), float(y.sum()), float(np.dot(y, y)), float(np.dot(x, y)))
+    def from_values(cls, x: ArrayLike, y: ArrayLike) -> RatioStats:
+        xs = np.asarray(x, dtype=float)
+        ys = np.asarray(y, dtype=float)
+        if xs.shape != ys.shape:
+            raise ValueError(f"x and y differ in shape: {xs.shape} vs {ys.shape}")
+        return cls(float(xs.size), float(xs.sum()), float(np.dot(xs, xs)), float(ys.sum()), float(np.dot(ys, ys)), float(np.dot(xs, ys)))
 
     @property
     def ratio(self) -> float:
         return self.sum_x / self.sum_y if self.sum_y != 0 else math.nan
 
-    mean = ratio
+    @property
+    def mean(self) -> float:
+        return self.ratio
 
     @property
     def denominator_total(self) -> float:
@@ -125,61 +136,103 @@ class RatioStats:
         return max(var_x - 2 * r * cov + r * r * var_y, 0.0) / (self.n * mean_y * mean_y)
 
 
-_CUPED_VARS = ("x", "y", "px", "py")
+# Each product of two of the four per-unit values (x, y, px, py) that CUPED needs: field → (i, j).
+CUPED_PRODUCTS: dict[str, tuple[int, int]] = {
+    "sum_x2": (0, 0), "sum_xy": (0, 1), "sum_x_px": (0, 2), "sum_x_py": (0, 3),
+    "sum_y2": (1, 1), "sum_y_px": (1, 2), "sum_y_py": (1, 3),
+    "sum_px2": (2, 2), "sum_px_py": (2, 3),
+    "sum_py2": (3, 3),
+}
 
 
 @dataclass(frozen=True, slots=True)
 class CupedStats:
-    """A ratio metric x/y plus its pre-period ratio px/py per unit, with all cross-products.
+    """A ratio metric x/y plus its covariate ratio px/py per unit, with every cross-product.
 
-    A unit-level mean metric is the special case ``y = py = 1``. ``sums`` holds
-    Σx, Σy, Σpx, Σpy; ``cross`` the 4×4 matrix of Σ(a·b), row-major, as a tuple.
+    ``x``/``y``: the unit's metric numerator and denominator; ``px``/``py``: the same sums
+    over the pre-period (or of the named covariate). A unit-level mean metric is the
+    special case ``y = py = 1``.
     """
 
     n: float = 0.0
-    sums: tuple[float, ...] = (0.0,) * 4
-    cross: tuple[float, ...] = (0.0,) * 16
+    sum_x: float = 0.0
+    sum_y: float = 0.0
+    sum_px: float = 0.0
+    sum_py: float = 0.0
+    sum_x2: float = 0.0
+    sum_xy: float = 0.0
+    sum_x_px: float = 0.0
+    sum_x_py: float = 0.0
+    sum_y2: float = 0.0
+    sum_y_px: float = 0.0
+    sum_y_py: float = 0.0
+    sum_px2: float = 0.0
+    sum_px_py: float = 0.0
+    sum_py2: float = 0.0
 
     def __add__(self, other: CupedStats) -> CupedStats:
-        if not isinstance(other, CupedStats):
-            return NotImplemented
-        return CupedStats(
-            self.n + other.n,
-            tuple(a + b for a, b in zip(self.sums, other.sums)),
-            tuple(a + b for a, b in zip(self.cross, other.cross)),
-        )
+        return _add(self, other)
 
     @classmethod
-    def from_values(cls, x, y, px, py) -> CupedStats:
+    def from_values(cls, x: ArrayLike, y: ArrayLike, px: ArrayLike, py: ArrayLike) -> CupedStats:
         m = np.vstack([np.asarray(v, dtype=float) for v in (x, y, px, py)])
-        return cls(float(m.shape[1]), tuple(map(float, m.sum(axis=1))), tuple(map(float, (m @ m.T).ravel())))
+        return cls.from_moments(float(m.shape[1]), m.sum(axis=1), m @ m.T)
 
     @classmethod
-    def from_sample(cls, values, covariate) -> CupedStats:
+    def from_sample(cls, values: ArrayLike, covariate: ArrayLike) -> CupedStats:
         ones = np.ones(np.asarray(values).shape)
         return cls.from_values(values, ones, covariate, ones)
 
-    @property
-    def means(self) -> np.ndarray:
-        return np.asarray(self.sums) / self.n
+    @classmethod
+    def from_moments(cls, n: float, sums: ArrayLike, cross: ArrayLike) -> CupedStats:
+        """From Σ(x, y, px, py) and the 4×4 matrix of Σ(a·b), in that order."""
+        s = np.asarray(sums, dtype=float)
+        c = np.asarray(cross, dtype=float).reshape(4, 4)
+        products = {name: float(c[i, j]) for name, (i, j) in CUPED_PRODUCTS.items()}
+        return cls(float(n), float(s[0]), float(s[1]), float(s[2]), float(s[3]), **products)
+
+    def scaled(self, k: float) -> CupedStats:
+        """The same units with x multiplied by ``k`` (a ratio metric's ``scale``)."""
+        if k == 1.0:
+            return self
+        return replace(
+            self, sum_x=k * self.sum_x, sum_x2=k * k * self.sum_x2, sum_xy=k * self.sum_xy,
+            sum_x_px=k * self.sum_x_px, sum_x_py=k * self.sum_x_py,
+        )
 
     @property
-    def covariance(self) -> np.ndarray:
-        s = np.asarray(self.sums)
-        c = np.asarray(self.cross).reshape(4, 4)
-        return (c - np.outer(s, s) / self.n) / (self.n - 1)
+    def sums(self) -> FloatArray:
+        """Σx, Σy, Σpx, Σpy."""
+        return np.array([self.sum_x, self.sum_y, self.sum_px, self.sum_py])
+
+    @property
+    def cross(self) -> FloatArray:
+        """The symmetric 4×4 matrix of Σ(a·b) over (x, y, px, py)."""
+        c = np.zeros((4, 4))
+        for name, (i, j) in CUPED_PRODUCTS.items():
+            c[i, j] = c[j, i] = getattr(self, name)
+        return c
+
+    @property
+    def means(self) -> FloatArray:
+        return self.sums / self.n
+
+    @property
+    def covariance(self) -> FloatArray:
+        s = self.sums
+        return (self.cross - np.outer(s, s) / self.n) / (self.n - 1)
 
     @property
     def ratio(self) -> float:
-        return self.sums[0] / self.sums[1]
+        return self.sum_x / self.sum_y if self.sum_y != 0 else math.nan
 
     @property
     def pre_ratio(self) -> float:
-        return self.sums[2] / self.sums[3]
+        return self.sum_px / self.sum_py if self.sum_py != 0 else math.nan
 
     def ratio_moments(self) -> tuple[float, float, float]:
         """(Var R, Var R_pre, Cov(R, R_pre)) of the two ratio estimates by the delta method."""
-        mx, my, mpx, mpy = self.means
+        mx, my, mpx, mpy = (float(v) for v in self.means)
         g = np.array([1 / my, -mx / my**2, 0.0, 0.0])
         h = np.array([0.0, 0.0, 1 / mpy, -mpx / mpy**2])
         cov = self.covariance / self.n
@@ -196,7 +249,7 @@ HIST_BUCKETS = int(math.ceil(math.log(HIST_HI / HIST_LO) / math.log(HIST_GAMMA))
 _LOG_GAMMA = math.log(HIST_GAMMA)
 
 
-def histogram_bucket(values: np.ndarray) -> np.ndarray:
+def histogram_bucket(values: ArrayLike) -> NDArray[np.int64]:
     """Bucket index of each value (vectorized); ClickHouse computes the same with SQL."""
     v = np.asarray(values, dtype=float)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -213,17 +266,18 @@ def histogram_bucket_sql(column: str) -> str:
     )
 
 
-def bucket_value(index: np.ndarray | int) -> np.ndarray:
+def bucket_value(index: ArrayLike) -> FloatArray:
     """Representative value (geometric midpoint) of a bucket."""
     i = np.asarray(index, dtype=float)
-    return np.where(i > 0, HIST_LO * HIST_GAMMA ** (i - 0.5), 0.0)
+    out: FloatArray = np.where(i > 0, HIST_LO * HIST_GAMMA ** (i - 0.5), 0.0)
+    return out
 
 
 @dataclass(frozen=True, eq=False)
 class HistogramStats:
     """Counts over the fixed global log-bucket grid; adds bucket-wise."""
 
-    counts: np.ndarray = field(default_factory=lambda: np.zeros(HIST_BUCKETS, dtype=np.int64))
+    counts: NDArray[np.int64] = field(default_factory=lambda: np.zeros(HIST_BUCKETS, dtype=np.int64))
 
     def __post_init__(self) -> None:
         if self.counts.shape != (HIST_BUCKETS,):
@@ -231,15 +285,15 @@ class HistogramStats:
 
     def __add__(self, other: HistogramStats) -> HistogramStats:
         if not isinstance(other, HistogramStats):
-            return NotImplemented
+            raise TypeError(f"cannot add {type(other).__name__} to HistogramStats")
         return HistogramStats(self.counts + other.counts)
 
     @classmethod
-    def from_values(cls, values: np.ndarray) -> HistogramStats:
+    def from_values(cls, values: ArrayLike) -> HistogramStats:
         return cls(np.bincount(histogram_bucket(values), minlength=HIST_BUCKETS).astype(np.int64))
 
     @classmethod
-    def from_buckets(cls, buckets: np.ndarray, counts: np.ndarray) -> HistogramStats:
+    def from_buckets(cls, buckets: ArrayLike, counts: ArrayLike) -> HistogramStats:
         out = np.zeros(HIST_BUCKETS, dtype=np.int64)
         np.add.at(out, np.asarray(buckets, dtype=np.int64), np.asarray(counts, dtype=np.int64))
         return cls(out)
@@ -248,7 +302,7 @@ class HistogramStats:
     def n(self) -> int:
         return int(self.counts.sum())
 
-    def order_statistic(self, rank: np.ndarray | int) -> np.ndarray:
+    def order_statistic(self, rank: ArrayLike) -> FloatArray:
         """Value of the 1-based ``rank``-th smallest observation (bucket midpoint)."""
         cum = np.cumsum(self.counts)
         r = np.clip(np.asarray(rank), 1, max(self.n, 1))

@@ -124,6 +124,17 @@ class ApiClient:
         headers = {"If-Match": f'"{version}"'} if version is not None else {}
         return self._json("POST", f"/v1/experiments/{segment(key)}/{segment(action)}", headers=headers)
 
+    def ship(self, key: str, variant: str, *, force: bool = False, reason: str = "") -> dict[str, Any]:
+        """``POST …/ship``: ``{experiment, ship, replayed}``; a variant whose decision is not
+        ``ship`` is refused (409) unless forced with a reason."""
+        return self._json("POST", f"/v1/experiments/{segment(key)}/ship",
+                          json={"variant": variant, "force": force, "reason": reason})
+
+    def ship_status(self, key: str) -> dict[str, Any] | None:
+        """The ship in force (``GET …/ship``'s ``shipped``), or None."""
+        shipped: dict[str, Any] | None = self._json("GET", f"/v1/experiments/{segment(key)}/ship").get("shipped")
+        return shipped
+
     def archive(self, key: str, *, unarchive: bool = False) -> dict[str, Any]:
         return self._json("POST", f"/v1/experiments/{segment(key)}/{'unarchive' if unarchive else 'archive'}")
 

@@ -38,7 +38,7 @@ from ablab.dashboards.format import (
     results_csv,
     results_table,
 )
-from ablab.dashboards.views import custom_metrics, live, segments, shadows, tables, variants
+from ablab.dashboards.views import custom_metrics, live, segments, shadows, ship, tables, variants
 from ablab.dashboards.views.common import Context, goto, show_api_error
 from ablab.dashboards.views.nav import VIEWS, address, open_view, view_params
 
@@ -84,6 +84,7 @@ def render(ctx: Context, key: str | None) -> None:
         live.waiting(ctx.client, exp, every=every,
                      has_data=lambda: _has_data(_fetch(ctx.client.results, key)[0] or {"metrics": []}))
         return
+    ship.render(ctx, exp, result)  # the decision and, for editors, a Ship button with a confirmation
     view, params = _nav(key, left)
     if view == "variants":
         variants.render(ctx, exp, result, params.get("variant"))

@@ -1,7 +1,11 @@
 """The stream meter: a pure function over the backend's SSE bytes and their arrival times.
 
 ``feed(data, now)`` returns the bytes to forward (the backend's own; a usage-only chunk is
-dropped when the caller did not ask for usage) and records, per docs/architecture.md:
+dropped when the caller did not ask for usage; when the caller asked for usage
+(``stream_options.include_usage``) and the backend sent none by its ``[DONE]``, the gateway's
+own count goes out as OpenAI's final usage chunk, ``choices: []``, just before ``[DONE]``: see
+:func:`estimated_usage`, the same estimate the inference event records and marks
+``tokens_estimated``) and records, per docs/architecture.md:
 TTFT = first chunk with non-empty content, reasoning or tool-call delta (role-only chunks
 do not count); ITL = gaps between such chunks; the usage object; backend metrics. It does
 no I/O and reads no clock, so every case is tested without a network.
@@ -14,7 +18,8 @@ from typing import Any
 
 import orjson
 
-from ablab.platform.gateway.protocol import DONE, SseSplitter, chunk_text, event_data, view_chunk
+from ablab.platform.gateway.protocol import DONE, chunk_text, estimate_tokens, view_chunk
+from ablab.platform.gateway.sse import SseParser
 from ablab.platform.gateway.translators import Translator
 
 
@@ -33,21 +38,35 @@ class StreamStats:
     done: bool = False
     malformed: int = 0
     stream_error: str | None = None  # an ``error`` object the backend sent mid-stream
+    usage_sent_estimated: bool = False  # the caller got the gateway's own count as the usage chunk
+
+
+def estimated_usage(stats: StreamStats, prompt_tokens: int) -> dict[str, int]:
+    """The gateway's own token count for a stream whose backend sent no usage: output tokens
+    are the content chunks (one token each, as servers stream them), else ~4 characters per
+    token; the inference event records the same numbers (``metering``: est_output_tokens)."""
+    out = stats.generated_chunks or estimate_tokens(stats.generated_chars)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": out, "total_tokens": prompt_tokens + out}
 
 
 class StreamMeter:
     """``text_limit`` > 0 also keeps the answer's text, up to that many characters (a shadow's,
-    for graders; the primary's bytes are relayed, never kept)."""
+    for graders; the primary's bytes are relayed, never kept). ``prompt_tokens`` (the
+    gateway's estimate of the prompt) turns on the usage chunk from the gateway's own count
+    when the caller asked for usage (``strip_usage`` False) and the backend sent none."""
 
-    __slots__ = ("_split", "_strip_usage", "_translator", "stats", "_text", "_text_left")
+    __slots__ = ("_split", "_strip_usage", "_translator", "stats", "_text", "_text_left", "_prompt_tokens", "_head")
 
-    def __init__(self, *, translator: Translator, strip_usage: bool, text_limit: int = 0) -> None:
-        self._split = SseSplitter()
+    def __init__(self, *, translator: Translator, strip_usage: bool, text_limit: int = 0,
+                 prompt_tokens: int | None = None) -> None:
+        self._split = SseParser()
         self._strip_usage = strip_usage
         self._translator = translator
         self.stats = StreamStats()
         self._text: list[str] = []
         self._text_left = text_limit
+        self._prompt_tokens = None if strip_usage else prompt_tokens
+        self._head: dict[str, Any] | None = None  # the first chunk's id, object, created, model
 
     @property
     def pending(self) -> int:
@@ -62,10 +81,22 @@ class StreamMeter:
         if not events:
             return b""
         out = []
-        for event in events:
-            if self._observe(event, now):
+        for event, payload in events:
+            if self._observe(event, payload, now):
+                if self.stats.done and self._prompt_tokens is not None and self.stats.usage is None:
+                    out.append(self._usage_chunk())
                 out.append(event)
         return b"".join(out) if len(out) != 1 else out[0]
+
+    def _usage_chunk(self) -> bytes:
+        """OpenAI's final usage chunk (``choices: []``), from the gateway's own count; once."""
+        prompt, self._prompt_tokens = self._prompt_tokens or 0, None
+        self.stats.usage_sent_estimated = True
+        head = self._head or {}
+        chunk = {"id": head.get("id", ""), "object": head.get("object", "chat.completion.chunk"),
+                 "created": head.get("created", 0), "model": head.get("model", ""), "choices": [],
+                 "usage": estimated_usage(self.stats, prompt)}
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def close(self) -> bytes:
         """Bytes left after the last complete event (forwarded as they are)."""
@@ -74,14 +105,13 @@ class StreamMeter:
             self.stats.malformed += 1
         return rest
 
-    def _observe(self, event: bytes, now: float) -> bool:
+    def _observe(self, event: bytes, payload: bytes | None, now: float) -> bool:
         """Record one event; False when it must not be forwarded."""
         s = self.stats
         s.last_chunk_at = now
-        payload = event_data(event)
         if payload is None:
             return True
-        if payload.strip() == DONE:
+        if payload == DONE or payload.strip() == DONE:
             s.done = True
             return True
         try:
@@ -89,6 +119,8 @@ class StreamMeter:
         except orjson.JSONDecodeError:
             s.malformed += 1
             return True  # not ours to judge: pass it through, count it
+        if self._head is None and isinstance(chunk, dict):
+            self._head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         view = view_chunk(chunk)
         if view.error is not None and isinstance(chunk, dict) and "error" in chunk:
             err = chunk["error"]

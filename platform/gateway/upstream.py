@@ -1,33 +1,43 @@
-"""Connections to the backends: a few small httpx pools per backend instead of one large one.
+"""Connections to the backends, per backend: the data plane's :class:`~.relay.RelayClient`
+(raw asyncio HTTP/1.1 with keep-alive; what relayed requests use) and a few small httpx pools
+for the side calls (``/v1/models``, the prompt strategies' tokenizer and scorer calls).
 
-httpcore's pool matches every queued request against every connection on each request
-start and each response close, so its cost per request grows with in-flight requests ×
-connections (at 64 streams it was the gateway's largest cost in a profile). Round-robin over
-``shards`` pools keeps each pool's product small; connections are still reused (keep-alive).
+The httpx pools are sharded because httpcore's pool matches every queued request against
+every connection on each request start and close; its cost per request grows with in-flight
+requests × connections. The side calls are few, so two shards are enough.
 """
 
 from __future__ import annotations
 
 import itertools
+import ssl
 
 import httpx
 
+from ablab.platform.gateway.relay import RelayClient
 from ablab.platform.gateway.settings import Backend
 
-DEFAULT_SHARDS = 8
+DEFAULT_SHARDS = 2
 
 
 class UpstreamPool:
-    def __init__(self, backend: Backend, *, shards: int = DEFAULT_SHARDS, verify: object) -> None:
+    def __init__(self, backend: Backend, *, shards: int = DEFAULT_SHARDS, verify: ssl.SSLContext) -> None:
         timeout = httpx.Timeout(backend.timeout_s, connect=min(10.0, backend.timeout_s))
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=64, keepalive_expiry=30.0)
-        self.clients = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=verify) for _ in range(shards)]  # type: ignore[arg-type]
+        self.clients = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=verify) for _ in range(shards)]
         self._next = itertools.cycle(self.clients).__next__
+        self.data = RelayClient(timeout_s=backend.timeout_s, connect_timeout_s=min(10.0, backend.timeout_s), ssl=verify)
 
     def client(self) -> httpx.AsyncClient:
+        """An httpx client for side calls."""
         return self._next()
 
+    def relay(self) -> RelayClient:
+        """The data plane's client: every relayed request goes through it."""
+        return self.data
+
     async def aclose(self) -> None:
+        await self.data.aclose()
         for c in self.clients:
             await c.aclose()
 

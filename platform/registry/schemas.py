@@ -13,11 +13,14 @@ from pydantic import (
     Field,
     Strict,
     ValidationInfo,
+    field_serializer,
     field_validator,
     model_validator,
 )
 
+from ablab.platform import fields
 from ablab.platform.assignment.targeting import MAX_ATTRIBUTE_NAME_CHARS, MAX_PATTERN_CHARS, Condition, Op
+from ablab.platform.stats.custom_metric import CustomMetricModel
 from ablab.platform.strategy import OpenStrategy
 
 KEY_PATTERN = r"^[a-z0-9][a-z0-9_\-]{0,63}$"
@@ -127,16 +130,17 @@ class TargetingRule(_Strict):
         return value
 
 
-def _engine_check(metrics: dict[str, Any] | None, guardrails: list[dict[str, Any]] | None = None) -> None:
+def _engine_check(metrics: Metrics | None, guardrails: list[dict[str, Any]] | None = None) -> None:
     """Validate with the stats engine's own parser (one set of rules for the API, the CLI and
-    analysis), so an experiment the registry accepts can always be analyzed."""
+    analysis), so an experiment the registry accepts can always be analyzed. Custom metrics
+    go as the models already validated, not re-parsed."""
     from ablab.platform.stats.spec import SpecError, parse_spec
 
     data: dict[str, Any] = {"key": "check", "variants": [{"key": "a"}, {"key": "b"}]}
     if metrics is not None:
-        metrics = {k: v for k, v in metrics.items() if v is not None}
-        mde = metrics.pop("mde", None)
-        data["metrics"] = metrics
+        given = {k: v for k, v in metrics.model_dump(exclude={"custom"}).items() if v is not None}
+        mde = given.pop("mde", None)
+        data["metrics"] = {**given, "custom": metrics.custom}
         if mde:
             data["analysis"] = {"mde": mde}
     if guardrails:
@@ -172,17 +176,30 @@ class Metrics(_Strict):
     ``mde`` the relative minimum detectable effect per metric for the power estimate.
     """
 
-    primary: list[str] = Field(default_factory=lambda: ["e2e_ms"], min_length=1)
+    primary: list[str] = Field(default_factory=lambda: [fields.HEADLINE_LATENCY], min_length=1)
     report: list[str] | None = Field(default=None, description="Metrics to report; all by default.")
-    slos: dict[str, float] = Field(default_factory=dict, description="metric → max, e.g. {ttft_ms: 500}.")
-    custom: list[dict[str, Any]] = Field(default_factory=list, max_length=32,
+    slos: dict[str, float] = Field(default_factory=dict, description=f"metric → max, e.g. {{{fields.SLA_LATENCY}: 500}}.")
+    custom: list[CustomMetricModel] = Field(default_factory=list, max_length=32,
                                          description="Experiment-defined metrics (mean, proportion, ratio, quantile).")
     segments: list[str] = Field(default_factory=list, max_length=5, description="Breakdowns, e.g. ['dims.domain'].")
     mde: dict[str, float] = Field(default_factory=dict, description="metric → relative MDE for power (default 0.05).")
 
+    @field_validator("custom", mode="before")
+    @classmethod
+    def _custom(cls, raw: Any) -> list[CustomMetricModel]:
+        """One model per type (ablab.platform.stats.custom_metric, the spec's own), with the
+        spec's messages: each names its field (``metrics.custom[2].column: …``)."""
+        from ablab.platform.stats.spec import validate_custom
+
+        return list(validate_custom(raw))
+
+    @field_serializer("custom")
+    def _stored(self, custom: list[CustomMetricModel]) -> list[dict[str, Any]]:
+        return [m.stored() for m in custom]  # as written: defaults stay implicit
+
     @model_validator(mode="after")
     def _analyzable(self) -> Metrics:
-        _engine_check(self.model_dump())
+        _engine_check(self)
         return self
 
     @field_validator("slos")
@@ -229,7 +246,7 @@ class ExperimentCreate(_Strict):
     def _coherent(self) -> ExperimentCreate:
         _check_variants(self.variants, self.control)
         if self.guardrails:  # a guardrail may name a custom metric: check them together
-            _engine_check(self.metrics.model_dump(), [g.model_dump(exclude_none=True) for g in self.guardrails])
+            _engine_check(self.metrics, [g.model_dump(exclude_none=True) for g in self.guardrails])
         keys = {v.key for v in self.variants}
         for unit, variant in self.forced.items():
             if variant not in keys:

@@ -7,6 +7,7 @@ import hmac
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import orjson
@@ -15,9 +16,19 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ablab.platform.gateway.limits import HardeningMetrics
+from ablab.platform.gateway.model_routing import ModelCatalog
 from ablab.platform.gateway.observe import GatewayMetrics, tracer
-from ablab.platform.gateway.serving import GatewayState, ServingChat, ServingCompletion, list_models
-from ablab.platform.gateway.settings import METRICS_TOKEN_ENV, GatewaySettings, token_digest
+from ablab.platform.gateway.serving import (
+    GatewayState,
+    OpenAIServing,
+    ServingChat,
+    ServingCompletion,
+    ServingEmbeddings,
+    ServingResponses,
+    list_models,
+)
+from ablab.platform.gateway.settings import METRICS_TOKEN_ENV, Backend, GatewaySettings, token_digest
 from ablab.platform.gateway.upstream import upstream_pools
 
 # A prompt compressor: (text, tau, window) -> the text with its predictable tokens dropped.
@@ -33,6 +44,8 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
     refused by name)."""
     state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer(),
                          compress=compress)
+    state.hardening = HardeningMetrics(state.metrics.registry)
+    state.catalog = ModelCatalog(settings, partial(_list_backend_models, state))
     if sdk is None:
         log.warning("no assignment client (no sdk token): every request goes to the default backend %r",
                     settings.default_backend)
@@ -50,14 +63,27 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
                                  metrics=state.metrics, with_measures=state.with_measures,
                                  max_inflight=settings.shadow_max_inflight, inflight=state.inflight)
     state.shadows.open_clients()
-    from functools import partial
-
     from ablab.platform.gateway.prompting import rewrite_request
 
     # A shadow's strategy is rewritten as a variant's is (its prompt strategies included); their
     # notes are filed under the shadow's own trace id and land in its event.
     state.shadows.rewrite = partial(rewrite_request, state, events=1)
     return state
+
+
+async def _list_backend_models(state: GatewayState, backend: Backend) -> frozenset[str] | None:
+    """The model ids a backend's ``GET /models`` lists (None: it could not be read)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {k}"} if (k := backend.api_key()) else {}
+    try:
+        r = await state.clients[backend.name].client().get(backend.url + "/models", headers=headers, timeout=5.0)
+        data = r.json().get("data") if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError, AttributeError):
+        return None
+    if not isinstance(data, list):
+        return None
+    return frozenset(m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str))
 
 
 def refused_variants(state: GatewayState) -> list[str]:
@@ -111,9 +137,14 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
         state = build_state(settings, sdk=sdk, compress=compress)
         holder["state"] = state
-        chat.state = completion.state = state
+        for serving in servings:
+            serving.state = state
         for line in refused_variants(state):
             log.error("refused strategy %s", line)
+        if state.hardening is not None:
+            state.hardening.register()
+        if state.catalog is not None:
+            await state.catalog.refresh()  # each backend's models, so an unknown one is a 404 from the start
         shipper = None
         if ship and state.outbox is not None and settings.token:
             from ablab.platform.gateway.emit import Shipper
@@ -130,9 +161,14 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
                 shipper.close()
             if state.outbox is not None:
                 state.outbox.close()
+            if state.hardening is not None:
+                state.hardening.unregister()
 
     chat = ServingChat(None)  # type: ignore[arg-type]  # the lifespan gives them their state
     completion = ServingCompletion(None)  # type: ignore[arg-type]
+    embeddings = ServingEmbeddings(None)  # type: ignore[arg-type]
+    responses = ServingResponses(None)  # type: ignore[arg-type]
+    servings: tuple[OpenAIServing, ...] = (chat, completion, embeddings, responses)
 
     async def models(_: Request) -> Response:
         return await list_models(holder["state"])
@@ -155,6 +191,8 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
     routes = [
         Route("/v1/chat/completions", chat.handle, methods=["POST"]),
         Route("/v1/completions", completion.handle, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.handle, methods=["POST"]),
+        Route("/v1/responses", responses.handle, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),

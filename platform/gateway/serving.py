@@ -26,12 +26,16 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from ablab.platform.gateway import protocol
+from ablab.platform.gateway.auth import forwarded_authorization, key_allowed, presented_key
 from ablab.platform.gateway.emit import event_unit_id
+from ablab.platform.gateway.limits import ClientGone, HardeningMetrics, read_body
 from ablab.platform.gateway.metering import Measurement, exposure_event, inference_event, strategy_id
+from ablab.platform.gateway.model_routing import ModelCatalog, ModelNotFound
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
 from ablab.platform.gateway.prompting import rewrite_request
+from ablab.platform.gateway.prompting.rates import take_notes
 from ablab.platform.gateway.relay import SseResponse, UpstreamResponse
-from ablab.platform.gateway.rewrite import StrategyError, strategy_problems
+from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
 from ablab.platform.gateway.shadow import SHADOW_STATUS, ShadowJob, ShadowRunner, ShadowSpec, inference_fields, spec_of
 from ablab.platform.gateway.stream import StreamMeter
@@ -41,8 +45,27 @@ from ablab.platform.gateway.upstream import UpstreamPool
 log = logging.getLogger(__name__)
 _UNIT_HEADER = "x-ablab-unit"
 _ATTR_PREFIX = "x-ablab-attr-"
-# Not copied from the backend's response: framing (the server sets its own) and the headers uvicorn adds.
-_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date", "server"})
+# Not copied from the backend's response: framing (the server sets its own), hop-by-hop headers
+# (RFC 9110 7.6.1), the headers uvicorn adds, and what would act on the caller's browser or
+# session in the gateway's name (cookies, CORS, auth challenges, HSTS).
+_HOP_HEADERS = frozenset({"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding", "date",
+                          "server", "te", "trailer", "trailers", "upgrade", "proxy-authenticate", "proxy-authorization",
+                          "proxy-connection", "set-cookie", "set-cookie2", "www-authenticate", "strict-transport-security",
+                          "alt-svc", "clear-site-data"})
+
+
+def relayable_headers(items: Any) -> dict[str, str]:
+    """The backend's response headers a caller may receive (names lower-cased)."""
+    pairs = [(k.lower(), v) for k, v in items]
+    named = {t.strip().lower() for k, v in pairs if k == "connection" for t in v.split(",")}  # more hop-by-hop ones
+    return {k: v for k, v in pairs
+            if k not in _HOP_HEADERS and k not in named and not k.startswith(("x-ablab-", "access-control-"))}
+
+
+def caller_caused(status: int) -> bool:
+    """A backend's 4xx is the caller's (bad params, a body it refuses): its own outcome, never
+    an inference event's error (error_rate, guardrails). 408 and 429 are the backend's state."""
+    return 400 <= status < 500 and status not in (408, 429)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +98,14 @@ class GatewayState:
     inflight: dict[str, int] = field(default_factory=dict)
     plans: dict[tuple[str, tuple[tuple[str, str], ...]], Plan] = field(default_factory=dict)
     refused_logged: set[tuple[str, str]] = field(default_factory=set)
+    hardening: HardeningMetrics | None = None
+    catalog: ModelCatalog | None = None  # None: every model goes to the default backend
+
+    async def named_backend(self, model: str | None) -> Backend:
+        """The backend the caller's request names (model_routing.py); ModelNotFound → 404."""
+        if self.catalog is None:
+            return self.settings.backends[self.settings.default_backend]
+        return await self.catalog.named_backend(model)
 
     def plan(self, unit: str | None, attributes: dict[str, Any] | None) -> Plan:
         if self.sdk is None or not unit:
@@ -128,6 +159,8 @@ class OpenAIServing:
     endpoint = ""
     operation = ""
     chat = False
+    streams = True  # False: `stream` is not this endpoint's (embeddings)
+    needs_responses = False  # only backends that serve the Responses API
 
     def __init__(self, state: GatewayState) -> None:
         self.state = state
@@ -135,55 +168,109 @@ class OpenAIServing:
     def check(self, body: dict[str, Any]) -> None:
         raise NotImplementedError
 
+    def _count_refused(self, reason: str, status: int | None) -> None:
+        hardening = self.state.hardening
+        if hardening is not None:
+            hardening.count_refusal(reason)
+            if status is not None:
+                hardening.caller_errors.labels(self.operation, str(status)).inc()
+
+    def _refused(self, exc: protocol.ProtocolError, trace_id: str, *, kind: str = "invalid_request_error",
+                 code: str | None = None) -> Response:
+        """A caller's request refused before anything was assigned or forwarded (no events)."""
+        status = exc.status
+        reason = {400: "malformed", 401: "unauthenticated", 404: code or "not_found", 413: "too_large"}.get(status, str(status))
+        self._count_refused(reason, status)
+        headers = {"x-ablab-trace-id": trace_id}
+        if status == 413:
+            headers["connection"] = "close"  # the rest of an oversized upload is never read
+        elif status == 401:
+            headers["www-authenticate"] = "Bearer"
+        return Response(protocol.error_body(str(exc), kind=kind, param=exc.param, code=code), status_code=status,
+                        media_type="application/json", headers=headers)
+
     async def handle(self, request: Request) -> Response:
         st = self.state
         start = time.perf_counter()
         ts = datetime.now(UTC)
         trace_id = uuid.uuid4().hex
-        raw = await request.body()
-        try:
-            body = protocol.parse_body(raw)
-            self.check(body)
-        except protocol.ProtocolError as exc:
-            return Response(protocol.error_body(str(exc), param=exc.param), status_code=exc.status,
-                            media_type="application/json", headers={"x-ablab-trace-id": trace_id})
         headers = request.headers
+        try:
+            raw = await read_body(request, st.settings.max_body_bytes)
+            body = protocol.parse_body(raw, max_bytes=st.settings.max_body_bytes)
+            self.check(body)
+        except ClientGone:
+            log.info("%s: the caller hung up before its request body arrived", self.endpoint)
+            self._count_refused("client_gone", None)
+            return Response(status_code=400)  # never sent: the connection is gone
+        except protocol.ProtocolError as exc:
+            return self._refused(exc, trace_id)
+        caller_auth = headers.get("authorization")
+        if st.settings.caller_key_digests:
+            key, consumed = presented_key(headers)
+            if not key_allowed(st.settings.caller_key_digests, key):
+                return self._refused(protocol.ProtocolError(
+                    "this gateway needs a gateway key: send `Authorization: Bearer <key>` or `X-Ablab-Key: <key>`",
+                    param=None, status=401), trace_id, kind="invalid_request_error", code="invalid_api_key")
+            if consumed:
+                caller_auth = None  # the gateway's own key: never forwarded to a backend
+        model = body.get("model") if isinstance(body.get("model"), str) else None
+        try:
+            named = await st.named_backend(model)
+        except ModelNotFound:
+            return self._refused(protocol.ProtocolError(
+                f"The model `{model}` does not exist or is not served by this gateway (GET /v1/models lists them)",
+                param="model", status=404), trace_id, code="model_not_found")
+        if self.needs_responses and not named.serves_responses:
+            return self._refused(protocol.ProtocolError(
+                f"backend {named.name!r} does not serve the Responses API (/v1/responses); a backend does with "
+                "`kind: vllm` or `responses: true`", param=None, status=404), trace_id, code="unsupported_endpoint")
         unit = headers.get(_UNIT_HEADER) or (body.get("user") if isinstance(body.get("user"), str) else None)
         plan = st.plan(unit, _attributes(headers))
         out_headers = {"x-ablab-trace-id": trace_id}
+        variant_headers = {}
         if plan.assignments:
-            out_headers["x-ablab-experiment"] = ",".join(e for e, _ in plan.assignments)
-            out_headers["x-ablab-variant"] = ",".join(v for _, v in plan.assignments)
-        backend = st.settings.backend(plan.strategy.get("backend") if plan.problems == () else None)
+            variant_headers = {"x-ablab-experiment": ",".join(e for e, _ in plan.assignments),
+                               "x-ablab-variant": ",".join(v for _, v in plan.assignments)}
+            if st.settings.variant_headers:
+                out_headers.update(variant_headers)
+        chosen = plan.strategy.get("backend") if plan.problems == () else None
+        backend = st.settings.backend(chosen) if chosen is not None else named
         translator = translator_for(backend.kind)
-        stream = body.get("stream") is True
+        stream = body.get("stream") is True and self.streams
         call = _Call(self, plan=plan, unit=unit or "", trace_id=trace_id, ts=ts, start=start, backend=backend,
                      body=body, model=None)
-        call.authorization = headers.get("authorization")
+        call.authorization = forwarded_authorization(caller_auth, backend=backend, named=named)
+        call.named = named
+        call.caller_auth = caller_auth
         if plan.problems:
             call.finish(error="strategy_unsupported")
             msg = "this request's variant cannot be served: " + "; ".join(plan.problems)
             return Response(protocol.error_body(msg, kind="ablab_strategy_error"), status_code=500,
                             media_type="application/json", headers=out_headers)
         try:
-            upstream = await rewrite_request(st, body, plan.strategy, chat=self.chat, backend=backend, trace_id=trace_id, events=len(plan.assignments))
+            if self.chat or self.endpoint == "/completions":
+                upstream = await rewrite_request(st, body, plan.strategy, chat=self.chat, backend=backend, trace_id=trace_id,
+                                                 events=len(plan.assignments))
+            else:  # embeddings, responses: a variant's model, params and backend; no prompt rewriting
+                upstream = apply_strategy(body, {k: v for k, v in plan.strategy.items() if k in ("model", "params")},
+                                          chat=False, templates=st.settings.templates)
         except StrategyError as exc:
             call.finish(error="strategy_unsupported")
             return Response(protocol.error_body(str(exc), kind="ablab_strategy_error"), status_code=500,
                             media_type="application/json", headers=out_headers)
         before = upstream is body and not stream
-        upstream = translator.upstream_body(upstream if upstream is not body else dict(body), stream=stream) if stream else upstream
+        if stream and not self.needs_responses:  # the Responses API has no stream_options
+            upstream = translator.upstream_body(upstream if upstream is not body else dict(body), stream=stream)
         content = raw if before else orjson.dumps(upstream)
         call.model = upstream.get("model") if isinstance(upstream.get("model"), str) else None
         # identity: stream bytes are relayed raw, so they must not arrive compressed
         up_headers = {"content-type": "application/json", "accept-encoding": "identity", "x-request-id": trace_id}
-        if plan.assignments:
-            up_headers["x-ablab-experiment"] = out_headers["x-ablab-experiment"]
-            up_headers["x-ablab-variant"] = out_headers["x-ablab-variant"]
+        up_headers.update(variant_headers)  # the backend learns the variant (rewrite.py), the caller only if configured
         if (key := backend.api_key()) is not None:
             up_headers["authorization"] = f"Bearer {key}"
-        elif auth := headers.get("authorization"):
-            up_headers["authorization"] = auth  # a pass-through key meant for the backend
+        elif call.authorization is not None:
+            up_headers["authorization"] = call.authorization  # the caller's key for the backend it named
         client = st.clients[backend.name].relay()
         req = client.build_request("POST", backend.url + self.endpoint, content=content, headers=up_headers)
         if plan.shadows and st.shadows is not None and st.settings.shadow_launch == "beside":
@@ -215,22 +302,34 @@ class OpenAIServing:
         finally:
             await resp.aclose()
         now = time.perf_counter()
+        status = resp.status_code
         error = None
-        usage, chars, metrics = None, 0, {}
-        try:
-            parsed = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            parsed = None
-            error = "backend_invalid_json"
-        if resp.status_code >= 400:
-            error = f"backend_http_{resp.status_code}"
-        elif parsed is not None:
-            usage, chars = protocol.response_view(parsed)
-            metrics = translator_for(call.backend.kind).server_metrics(parsed) if isinstance(parsed, dict) else {}
-        call.finish(error=error, end=now, usage=usage, out_chars=chars, server_metrics=metrics)
-        headers = {k: v for k, v in resp.headers.items() if k not in _HOP_HEADERS and not k.startswith("x-ablab-")}
+        usage: dict[str, Any] | None = None
+        chars, metrics = 0, {}
+        body, changed = data, False
+        if status >= 400:
+            error = f"backend_http_{status}"
+            body, changed = protocol.backend_error_body(status, data)
+            if changed:  # the original (file paths and all) for the operator, never the caller
+                log.warning("backend %r answered %d; relayed in OpenAI's error shape without file paths. It sent: %s",
+                            call.backend.name, status, data[:2000].decode("utf-8", "replace"))
+        else:
+            try:
+                parsed = orjson.loads(data)
+            except orjson.JSONDecodeError:
+                error = "backend_invalid_json"
+            else:
+                try:
+                    usage, chars = protocol.response_view(parsed)
+                    metrics = translator_for(call.backend.kind).server_metrics(parsed) if isinstance(parsed, dict) else {}
+                except Exception:  # metering never fails an answer
+                    call.bookkeeping_failed("response_view")
+        call.finish(error=error, end=now, usage=usage, out_chars=chars, server_metrics=metrics, caller=caller_caused(status))
+        headers = relayable_headers(resp.headers.items())
+        if changed:
+            headers["content-type"] = "application/json"
         headers.update(out_headers)
-        return Response(data, status_code=resp.status_code, headers=headers)
+        return Response(body, status_code=status, headers=headers)
 
     async def _relay(self, call: _Call, resp: UpstreamResponse, meter: StreamMeter) -> AsyncIterator[bytes]:
         stats = meter.stats
@@ -283,6 +382,30 @@ class ServingCompletion(OpenAIServing):
         protocol.check_completion(body)
 
 
+class ServingEmbeddings(OpenAIServing):
+    """``POST /v1/embeddings``: assigned, forwarded and measured as the others (a variant's
+    ``model``, ``params`` and ``backend`` apply; prompt factors do not); never streamed."""
+
+    endpoint = "/embeddings"
+    operation = "embeddings"
+    streams = False
+
+    def check(self, body: dict[str, Any]) -> None:
+        protocol.check_embeddings(body)
+
+
+class ServingResponses(OpenAIServing):
+    """``POST /v1/responses`` (OpenAI's Responses API) where the named backend serves it
+    (``kind: vllm`` or ``responses: true``); else 404 ``unsupported_endpoint``."""
+
+    endpoint = "/responses"
+    operation = "responses"
+    needs_responses = True
+
+    def check(self, body: dict[str, Any]) -> None:
+        protocol.check_responses(body)
+
+
 def _stream_error(stats: Any) -> str | None:
     if stats.stream_error is not None:
         return "backend_stream_error"
@@ -318,7 +441,7 @@ def _backend_failed(call: _Call, exc: httpx.HTTPError, headers: dict[str, str], 
 class _Call:
     """One request's bookkeeping: in-flight count, span, metrics, and its events."""
 
-    __slots__ = ("serving", "plan", "unit", "trace_id", "ts", "start", "backend", "body", "model", "span",
+    __slots__ = ("serving", "plan", "unit", "trace_id", "ts", "start", "backend", "body", "model", "span", "named", "caller_auth",
                  "_inflight_at_start", "_entered", "_done", "authorization", "shadow_status", "_shadow_jobs")
 
     def __init__(self, serving: OpenAIServing, *, plan: Plan, unit: str, trace_id: str, ts: datetime, start: float,
@@ -329,7 +452,9 @@ class _Call:
         self._inflight_at_start = 1
         self._entered = False
         self._done = False
-        self.authorization: str | None = None
+        self.authorization: str | None = None  # the caller's, where the chosen backend may receive it
+        self.named: Backend = backend  # the backend the caller's own request names
+        self.caller_auth: str | None = None
         self.shadow_status: dict[str, str] | None = None  # experiment → "sent" | "dropped", once decided
         self._shadow_jobs: list[tuple[ShadowJob, Any]] = []
 
@@ -345,9 +470,12 @@ class _Call:
             if status is not None:
                 self.shadow_status[experiment] = status
             if slot is not None:
+                # the caller's key only to the backend the caller named, where it forwards caller auth
+                target = runner.backends.get(spec.strategy.get("backend") or runner.default_backend)
+                auth = forwarded_authorization(self.caller_auth, backend=target, named=self.named) if target else None
                 job = ShadowJob(spec=spec, experiment=experiment, variant=variant, unit_id=unit_id,
                                 primary_trace=self.trace_id, body=self.body, chat=self.serving.chat,
-                                endpoint=self.serving.endpoint, authorization=self.authorization)
+                                endpoint=self.serving.endpoint, authorization=auth)
                 self._shadow_jobs.append((job, slot))
 
     def launch_shadows(self) -> None:
@@ -375,15 +503,24 @@ class _Call:
                     usage=usage, out_chars=stats.generated_chars, chunks=stats.generated_chunks,
                     itl=(stats.itl_sum_s, stats.itl_max_s), server_metrics=stats.server_metrics)
 
+    def bookkeeping_failed(self, stage: str) -> None:
+        """Metering or event writing failed: logged and counted; the answer still goes out."""
+        log.exception("gateway bookkeeping failed at %s (trace %s); the answer is still sent", stage, self.trace_id)
+        hardening = self.serving.state.hardening
+        if hardening is not None:
+            hardening.bookkeeping_failures.labels(stage).inc()
+
     def finish(self, *, error: str | None, end: float | None = None, first: float | None = None,
                usage: dict[str, Any] | None = None, out_chars: int = 0, chunks: int = 0,
-               itl: tuple[float, float] = (0.0, 0.0), server_metrics: dict[str, float] | None = None) -> None:
+               itl: tuple[float, float] = (0.0, 0.0), server_metrics: dict[str, float] | None = None,
+               caller: bool = False) -> None:
+        """Record the request once. ``caller``: a caller-caused 4xx, its own outcome (counted
+        in ``ablab_gateway_caller_errors``; exposures written, no inference event, so it never
+        moves ``error_rate`` or a guardrail). Never raises: a failure here is counted."""
         if self._done:
             return
         self._done = True
         st = self.serving.state
-        if self._entered and self.plan.shadows and self.shadow_status is None:
-            self.decide_shadows()  # "after": the primary's backend has sent its last byte (or failed)
         end = end if end is not None else time.perf_counter()
         name = self.backend.name
         concurrency = 1.0
@@ -392,6 +529,42 @@ class _Call:
             concurrency = (self._inflight_at_start + now_inflight) / 2.0
             st.inflight[name] = now_inflight - 1
             st.metrics.inflight.labels(name).dec()
+        first_event = None
+        try:
+            if caller:
+                self._shadow_jobs = []
+            elif self._entered and self.plan.shadows and self.shadow_status is None:
+                self.decide_shadows()  # "after": the primary's backend has sent its last byte (or failed)
+            first_event = self._record(error, end, first, usage, out_chars, chunks, itl, server_metrics, concurrency, caller)
+        except Exception:
+            self.bookkeeping_failed("events")
+        try:
+            if self._shadow_jobs:
+                self.launch_shadows()  # after the primary's events: a shadow never delays them
+            exp = ",".join(e for e, _ in self.plan.assignments) or None
+            var = ",".join(v for _, v in self.plan.assignments) or None
+            end_span(self.span, first_event, error=error, experiment=exp, variant=var)
+        except Exception:
+            self.bookkeeping_failed("shadows_span")
+
+    def _record(self, error: str | None, end: float, first: float | None, usage: dict[str, Any] | None, out_chars: int,
+                chunks: int, itl: tuple[float, float], server_metrics: dict[str, float] | None, concurrency: float,
+                caller: bool) -> dict[str, Any] | None:
+        st = self.serving.state
+        name = self.backend.name
+        outcome = error or "ok"
+        if caller:
+            outcome = f"caller_{error}"
+            if st.hardening is not None:
+                status = (error or "").rsplit("_", 1)[-1]
+                st.hardening.caller_errors.labels(self.serving.operation, status).inc()
+        st.metrics.requests.labels(self.serving.operation, name, outcome).inc()
+        e2e_s = end - self.start
+        st.metrics.e2e.labels(name).observe(e2e_s)
+        if first is not None:
+            st.metrics.ttft.labels(name).observe(first - self.start)
+        events: list[dict[str, Any]] = []
+        first_event = None
         prompt_tokens, output_tokens = translator_for(self.backend.kind).usage_tokens(usage)
         m = Measurement(
             start=self.start, end=end, first_token=first, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
@@ -399,18 +572,15 @@ class _Call:
             est_output_tokens=chunks or protocol.estimate_tokens(out_chars), generated_chunks=chunks,
             itl_sum_s=itl[0], itl_max_s=itl[1], concurrency=concurrency, error=error, server_metrics=server_metrics,
         )
-        st.metrics.requests.labels(self.serving.operation, name, error or "ok").inc()
-        e2e_s = end - self.start
-        st.metrics.e2e.labels(name).observe(e2e_s)
-        if first is not None:
-            st.metrics.ttft.labels(name).observe(first - self.start)
-        events: list[dict[str, Any]] = []
-        first_event = None
         unit_id = event_unit_id(self.unit) if self.plan.assignments else ""
         statuses = self.shadow_status if self.shadow_status and SHADOW_STATUS in inference_fields() else None
         for experiment, variant in self.plan.assignments:
-            common = {"ts": self.ts, "trace_id": self.trace_id, "experiment": experiment, "variant": variant, "unit_id": unit_id}
+            common: dict[str, Any] = {"ts": self.ts, "trace_id": self.trace_id, "experiment": experiment, "variant": variant,
+                                      "unit_id": unit_id}
             events.append(exposure_event(**common))
+            if caller:
+                take_notes(self.trace_id, m)  # its prompt strategies' notes are let go as an event would
+                continue
             ev = inference_event(m, **common, strategy=self.plan.strategy_id, backend=self.backend,
                                  model=self.model, with_measures=st.with_measures)
             if statuses and experiment in statuses:
@@ -421,11 +591,7 @@ class _Call:
             st.metrics.tokens.labels(name, "input").inc(first_event["prompt_tokens"])
             st.metrics.tokens.labels(name, "output").inc(first_event["output_tokens"])
         st.write_events(events)
-        if self._shadow_jobs:
-            self.launch_shadows()  # after the primary's events: a shadow never delays them
-        exp = ",".join(e for e, _ in self.plan.assignments) or None
-        var = ",".join(v for _, v in self.plan.assignments) or None
-        end_span(self.span, first_event, error=error, experiment=exp, variant=var)
+        return first_event
 
 
 async def list_models(state: GatewayState) -> Response:

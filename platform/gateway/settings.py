@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 BACKEND_KINDS = ("openai", "vllm", "llamacpp")
+ANY_MODEL = ("*",)
 METRICS_TOKEN_ENV = "ABLAB_GATEWAY_METRICS_TOKEN"
 MIN_METRICS_TOKEN_CHARS = 16  # a guessable token guards nothing
 
@@ -53,9 +54,30 @@ class Backend:
     api_key_env: str | None = None
     timeout_s: float = 120.0
     price: Price | None = None
+    # The model names this backend serves: ("*",) any (a backend built in code, or `models: ["*"]`);
+    # None: those its GET /models lists (a configured backend without `models`), so a request
+    # for a model no backend serves is answered 404 instead of by whichever backend it reaches.
+    models: tuple[str, ...] | None = ANY_MODEL
+    # Pass the caller's Authorization on to this backend. None: only where the backend has no
+    # key of its own (api_key_env). Never to a backend the variant chose in place of the caller's.
+    forward_caller_auth: bool | None = None
+    # Serves OpenAI's Responses API (POST /v1/responses): vLLM does; others only when set.
+    responses: bool | None = None
 
     def api_key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
+
+    @property
+    def any_model(self) -> bool:
+        return self.models is not None and "*" in self.models
+
+    @property
+    def forwards_caller_auth(self) -> bool:
+        return self.forward_caller_auth if self.forward_caller_auth is not None else self.api_key_env is None
+
+    @property
+    def serves_responses(self) -> bool:
+        return self.responses if self.responses is not None else self.kind == "vllm"
 
 
 @dataclass(frozen=True)
@@ -76,6 +98,13 @@ class GatewaySettings:
     # (each experiment's own cap applies too; one more is dropped, never queued).
     shadow_launch: str = "after"
     shadow_max_inflight: int = 64
+    # X-Ablab-Experiment / X-Ablab-Variant on answers: off unless set (they tell any caller
+    # which variant each unit is in). X-Ablab-Trace-Id is always sent (feedback needs it).
+    variant_headers: bool = False
+    # SHA-256 digests of the keys gateway callers present (auth.py); empty: no caller key asked
+    # for, which load_settings refuses while any backend lends an operator key (api_key_env).
+    caller_key_digests: frozenset[str] = field(default=frozenset(), repr=False)
+    max_body_bytes: int = 16 * 1024 * 1024  # a request body over this is refused (413)
 
     def backend(self, name: str | None) -> Backend:
         key = name or self.default_backend
@@ -128,7 +157,8 @@ def _backend(name: str, raw: Any) -> Backend:
     where = f"backends.{name}"
     if not isinstance(raw, dict):
         raise GatewayConfigError(f"{where}: expected a mapping with at least `url`")
-    unknown = set(raw) - {"url", "kind", "api_key_env", "timeout_s", "price", "default"}
+    unknown = set(raw) - {"url", "kind", "api_key_env", "timeout_s", "price", "default", "models", "any_model",
+                          "forward_caller_auth", "responses"}
     if unknown:
         raise GatewayConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
     url = raw.get("url")
@@ -151,8 +181,23 @@ def _backend(name: str, raw: Any) -> Backend:
             input_per_mtok=p.get("input_per_mtok"), output_per_mtok=p.get("output_per_mtok"),
             version=p.get("version"), device=p.get("device"),
         )
+    models: tuple[str, ...] | None = None  # configured without `models`: what its GET /models lists
+    if raw.get("any_model") is not None:
+        if not isinstance(raw["any_model"], bool):
+            raise GatewayConfigError(f"{where}.any_model: true or false, got {raw['any_model']!r}")
+        models = ANY_MODEL if raw["any_model"] else None
+    if (listed := raw.get("models")) is not None:
+        if not isinstance(listed, list) or not listed or not all(isinstance(m, str) and m for m in listed):
+            raise GatewayConfigError(f"{where}.models: a non-empty list of model names, or [\"*\"] for any model, got {listed!r}")
+        models = ANY_MODEL if "*" in listed else tuple(listed)
+    flags: dict[str, bool] = {}
+    for flag in ("forward_caller_auth", "responses"):
+        if (value := raw.get(flag)) is not None:
+            if not isinstance(value, bool):
+                raise GatewayConfigError(f"{where}.{flag}: true or false, got {value!r}")
+            flags[flag] = value
     return Backend(name=name, url=url.rstrip("/"), kind=kind, api_key_env=raw.get("api_key_env"),
-                   timeout_s=float(timeout), price=price)
+                   timeout_s=float(timeout), price=price, models=models, **flags)
 
 
 def parse_config(data: Any, *, source: str) -> tuple[dict[str, Backend], str, dict[str, str]]:
@@ -180,6 +225,7 @@ def load_settings(*, config_file: Path | None = None, env: dict[str, str] | None
     outbox from the usual ``ABLAB_*`` settings unless given; the ``/metrics`` token from
     ``ABLAB_GATEWAY_METRICS_TOKEN``."""
     env = dict(os.environ if env is None else env)
+    data: Any = None
     if config_file is not None:
         import yaml
 
@@ -199,7 +245,44 @@ def load_settings(*, config_file: Path | None = None, env: dict[str, str] | None
             "no backends configured: set ABLAB_GATEWAY_BACKENDS='{\"local\": {\"url\": \"http://127.0.0.1:8081/v1\"}}' "
             "or pass --config gateway.yaml"
         )
+    from ablab.platform.gateway.auth import KEYS_ENV, KEYS_FILE_ENV, lenders, load_key_digests
+
     values: dict[str, Any] = {"backends": backends, "default_backend": default, "templates": templates,
-                              "metrics_token_sha256": _metrics_token(env), **_shadow_settings(env)}
+                              "metrics_token_sha256": _metrics_token(env), **_shadow_settings(env),
+                              **_hardening_settings(data, env), "caller_key_digests": load_key_digests(env)}
     values.update({k: v for k, v in overrides.items() if v is not None})
+    if (lending := lenders(values["backends"].values())) and not values["caller_key_digests"]:
+        raise GatewayConfigError(
+            f"backend(s) {lending} send the operator's key (api_key_env) with every request: set {KEYS_ENV} "
+            f"(comma-separated keys) or {KEYS_FILE_ENV} (sha256:<hex> digests) so that only callers holding a "
+            "gateway key can use it")
     return GatewaySettings(**values)
+
+
+VARIANT_HEADERS_ENV = "ABLAB_GATEWAY_VARIANT_HEADERS"
+MAX_BODY_ENV = "ABLAB_GATEWAY_MAX_BODY_BYTES"
+
+
+def _hardening_settings(data: Any, env: dict[str, str]) -> dict[str, Any]:
+    """``variant_headers`` (YAML top level or the env variable) and the body-size limit."""
+    out: dict[str, Any] = {}
+    top = data if isinstance(data, dict) and "backends" in data else {}
+    flag: Any = top.get("variant_headers")
+    if (raw := env.get(VARIANT_HEADERS_ENV)) is not None:
+        if raw.strip().lower() not in ("1", "true", "yes", "0", "false", "no", ""):
+            raise GatewayConfigError(f"{VARIANT_HEADERS_ENV}: true or false, got {raw!r}")
+        flag = raw.strip().lower() in ("1", "true", "yes")
+    if flag is not None:
+        if not isinstance(flag, bool):
+            raise GatewayConfigError(f"variant_headers: true or false, got {flag!r}")
+        out["variant_headers"] = flag
+    size: Any = env.get(MAX_BODY_ENV, top.get("max_body_bytes"))
+    if size is not None:
+        try:
+            n = int(size)
+        except (TypeError, ValueError):
+            n = 0
+        if not 1024 <= n <= 1 << 30:
+            raise GatewayConfigError(f"max_body_bytes ({MAX_BODY_ENV}): bytes in 1024..{1 << 30}, got {size!r}")
+        out["max_body_bytes"] = n
+    return out

@@ -78,7 +78,7 @@ def gateway_for(backend_url: str, tmp: Path, variants: dict[str, dict[str, Any]]
                 *, kind: str = "openai", extra: dict[str, Backend] | None = None, templates: dict[str, str] | None = None) -> Iterator[Gateway]:
     backends = {"scripted": Backend("scripted", backend_url, kind=kind, timeout_s=5.0), **(extra or {})}
     settings = GatewaySettings(backends=backends, default_backend="scripted", outbox_dir=tmp / "outbox",
-                               templates=templates or {})
+                               templates=templates or {}, variant_headers=True)  # the tests read the variant
     sdk = local_sdk(variants or {"a": {}, "b": {"params": {"temperature": 0.2}}})
     app = create_app(settings, sdk=sdk, ship=False)
     with serve(app) as url:

@@ -65,8 +65,10 @@ def gateway(
             console.print(f"[yellow]the assignment config is not loaded yet[/] (API at {settings.api_url}); units get "
                           "the default backend until it is")
     try:
+        from ablab.platform.gateway.limits import uvicorn_options  # head/body deadlines, header bounds, connection cap
+
         uvicorn.run(create_app(settings, sdk=sdk, compress=compress), host=host, port=port,
-                    log_level=base.log_level.lower(), access_log=False)
+                    log_level=base.log_level.lower(), access_log=False, **uvicorn_options())
     finally:
         if sdk is not None:
             sdk.close()

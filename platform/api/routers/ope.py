@@ -1,0 +1,115 @@
+"""``POST /v1/experiments/{key}/ope``: off-policy evaluation of a candidate policy on the
+experiment's logged events in the analytics store (issue 33).
+
+The numbers are ``ablab ope``'s: both hand an Arrow table of the experiment's events to
+:func:`ablab.platform.policy.candidate.ope_from_events`. The store is read in one place,
+:func:`logged_events` (one scan of ``raw_events``; ``arm``, ``propensity``,
+``policy_version`` and ``max_tokens`` out of each event's stored JSON until the event schema
+gives them columns).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends
+from pydantic import BaseModel, ConfigDict, Field
+
+from ablab.platform.analytics import service as analytics
+from ablab.platform.api.deps import CurrentExperiment, StateDep, Viewer
+from ablab.platform.api.ports import AnalyticsBackend
+from ablab.platform.api.problems import responses
+from ablab.platform.errors import Invalid, NotFound, Unavailable
+
+router = APIRouter(prefix="/v1/experiments", tags=["results"])
+_ERRORS = responses(NotFound, Invalid, Unavailable)
+
+# Every event of the experiment the OPE reading uses: its requests and their labels (a
+# feedback event rarely names the experiment, so labels are found by trace).
+LOGGED_EVENTS_SQL = """
+SELECT type, ts, trace_id, experiment, variant, unit_id, shadow_of, e2e_ms, ttft_ms, tpot_ms, cost_usd,
+       prompt_tokens, output_tokens, device_s, error, correct, score, dims,
+       JSONExtract(payload, 'arm', 'Nullable(String)') AS arm,
+       JSONExtract(payload, 'propensity', 'Nullable(Float64)') AS propensity,
+       JSONExtract(payload, 'policy_version', 'Nullable(String)') AS policy_version,
+       if(mapContains(measures, 'max_tokens'), measures['max_tokens'],
+          JSONExtract(payload, 'max_tokens', 'Nullable(Float64)')) AS max_tokens
+FROM raw_events FINAL
+WHERE (type = 'inference' AND experiment = {experiment:String})
+   OR (type = 'feedback' AND trace_id IN (
+         SELECT trace_id FROM raw_events WHERE type = 'inference' AND experiment = {experiment:String}))
+"""
+
+
+def _store(state: StateDep) -> AnalyticsBackend:
+    if state.analytics is None:
+        raise Unavailable("the analytics store is not configured in this API process (ABLAB_ANALYTICS=false)", field="analytics")
+    return state.analytics
+
+
+Store = Annotated[AnalyticsBackend, Depends(_store)]
+
+
+def logged_events(store: AnalyticsBackend, experiment: str) -> Any:
+    """The experiment's inference events and their labels as an Arrow table (the store access
+    of this route, in one function: the port method it stands for is
+    ``AnalyticsBackend.logged_events(experiment) -> pyarrow.Table``)."""
+    port = getattr(store, "logged_events", None)
+    if callable(port):  # the store implements the read itself (the port being reshaped offers it)
+        return port(experiment)
+    client: Any = store.client  # today's port: a clickhouse-connect client
+    return client.query_arrow(LOGGED_EVENTS_SQL, parameters={"experiment": experiment})
+
+
+class OpeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy: dict[str, Any] = Field(description="The candidate: {kind: fixed, arm} | {kind: rule, ...} | {kind: slo_router, ...}.")
+    metric: str | None = Field(default=None, max_length=64,
+                               description="Default: the candidate's objective, else the experiment's primary metric.")
+    model: dict[str, Any] | None = Field(default=None, description="A fitted model for an slo_router candidate "
+                                                                   "(default: cross-fitted on the logs).")
+
+
+class Estimate(BaseModel):
+    estimate: float | None
+    ci: list[float | None]
+    se: float | None
+
+
+class OpeResult(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    experiment: str | None
+    metric: str
+    candidate: dict[str, Any]
+    n: int
+    units: int
+    ips: Estimate
+    snips: Estimate
+    dr: Estimate
+    ess: float
+    support: dict[str, Any]
+    logged: list[dict[str, Any]]
+    notes: list[str]
+
+
+@router.post("/{key}/ope", response_model=OpeResult, responses=_ERRORS)
+def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, body: OpeRequest) -> dict[str, Any]:
+    """What the candidate policy would have achieved on the logged requests: IPS, SNIPS and
+    doubly robust estimates with 95 % intervals over randomization units, the effective sample
+    size, and a warning where the candidate picks arms the logs never tried."""
+    from ablab.platform.policy.candidate import CandidateError, ope_from_events
+    from ablab.platform.policy.model import PolicyModel
+
+    spec = analytics.stats_spec(exp)
+    model = None
+    if body.model is not None:
+        try:
+            model = PolicyModel.from_json(body.model)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise Invalid(f"model: {exc}", field="model") from exc
+    try:
+        return ope_from_events(logged_events(store, exp.key), spec, body.policy, metric=body.metric, model=model)
+    except CandidateError as exc:
+        raise Invalid(f"{exc.field}: {exc}", field=exc.field) from exc

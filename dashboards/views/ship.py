@@ -21,6 +21,9 @@ from ablab.dashboards.views.common import Context, call, show_api_error
 
 PENDING = "ship_pending"  # session key: (experiment, variant, force, reason) awaiting confirmation
 DONE = "ship_done"
+SHIPPED_RESULTS_NOTE = ("The numbers below include traffic after the ship, when every unit got the shipped variant: "
+                        "its split check and decisions no longer compare variants as the experiment did. The decision "
+                        "it shipped on, with its evidence, is in the audit log (action ship).")
 
 
 def decisions(result: Any) -> dict[str, Mapping[str, Any]]:
@@ -72,6 +75,9 @@ def render(ctx: Context, exp: Mapping[str, Any], result: Any) -> None:
         st.success(shipped_text(shipped), icon="🚀")
         if done and not done.get("replayed"):
             st.caption("The SDK config and /v1/assign follow within their refresh; the audit log has the ship.")
+        # Results read the whole experiment against today's weights (the shipped variant's alone),
+        # so the split check and the decisions below stop meaning what they did before the ship.
+        st.caption(SHIPPED_RESULTS_NOTE)
         return
     ready = shippable(result)
     if not ready and not ctx.can_edit:

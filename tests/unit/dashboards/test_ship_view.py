@@ -91,6 +91,7 @@ def test_ship_asks_for_confirmation_then_ships() -> None:
     _button(at, "Confirm: ship b").click().run()
     assert client.calls == [("x", "b", False, "")]
     assert at.success and at.success[0].value.startswith("**Shipped b**")
+    assert any("include traffic after the ship" in c.value for c in at.caption)
     assert not [b for b in at.button if b.label.startswith("🚀")]  # shipped: no button any more
 
 

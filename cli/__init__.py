@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "streaming",
     "inference",
     "analysis",
+    "ope",
     "dashboard",
     "stack",
     "gateway",

@@ -220,3 +220,31 @@ def test_a_later_phase_ends_the_ship(unit_of_work: UnitOfWork) -> None:
         registry.resume_variant(session, key="x", variant="b", actor="ed")  # nothing to resume: no change
         registry.transition(session, key="x", action="pause", actor="ed")
         assert current_ship(session, "x") is None  # paused: the ship is no longer what serves
+
+
+def test_the_route_in_process(api: tuple[Any, dict[str, str]]) -> None:
+    """The HTTP edges on an API without an analytics store: scopes, problems, ETags, replay."""
+    client, auth = api
+    editor, sdk = {"Authorization": auth["editor"]}, {"Authorization": auth["sdk"]}
+    body = {"key": "x", "name": "x", "traffic": 1, "control": "a", "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}]}
+    assert client.post("/v1/experiments", json=body, headers=editor).status_code == 201
+    assert client.post("/v1/experiments/x/start", headers=editor).status_code == 200
+    etag = client.get("/v1/sdk/config", headers=sdk).headers["ETag"]
+
+    assert client.post("/v1/experiments/x/ship", json={"variant": "b"}, headers=sdk).status_code == 403
+    missing = client.post("/v1/experiments/nope/ship", json={"variant": "b"}, headers=editor)
+    assert missing.status_code == 404 and missing.json()["field"] == "key"
+    for bad, field in (({"variant": "b", "force": True}, "reason"), ({"variant": "b", "extra": 1}, "extra"), ({}, "variant")):
+        r = client.post("/v1/experiments/x/ship", json=bad, headers=editor)
+        assert r.status_code == 422 and r.json()["field"] == field, r.text
+    refused = client.post("/v1/experiments/x/ship", json={"variant": "b"}, headers=editor)
+    assert refused.status_code == 409 and refused.headers["content-type"] == "application/problem+json"
+    assert refused.json()["field"] == "analytics" and "force: true" in refused.json()["detail"]
+    assert client.get("/v1/experiments/x/ship", headers=editor).json() == {"experiment": "x", "shipped": None}
+
+    forced = client.post("/v1/experiments/x/ship", json={"variant": "b", "force": True, "reason": "store down"}, headers=editor)
+    assert forced.status_code == 200 and forced.headers["ETag"] == f'"{forced.json()["experiment"]["version"]}"'
+    assert forced.json()["ship"]["forced"] and client.get("/v1/sdk/config", headers=sdk).headers["ETag"] != etag
+    again = client.post("/v1/experiments/x/ship", json={"variant": "b"}, headers=editor)  # a retry needs no results
+    assert again.status_code == 200 and again.json()["replayed"] and again.json()["ship"] == forced.json()["ship"]
+    assert client.get("/v1/experiments/x/ship", headers=editor).json()["shipped"] == forced.json()["ship"]

@@ -346,7 +346,9 @@ class OpenAIServing:
             tail = meter.close()
             if not finished:
                 finished = True
-                call.finish_stream(stats, error=_stream_error(stats) or "backend_stream_incomplete")
+                # a Responses API stream ends at its response.completed event, with no [DONE]
+                complete = self.needs_responses and stats.finish_reason is not None
+                call.finish_stream(stats, error=_stream_error(stats) or (None if complete else "backend_stream_incomplete"))
             if tail:
                 yield tail
         except (httpx.TimeoutException, httpx.TransportError) as exc:

@@ -23,6 +23,9 @@ def gateway(
     outbox: Path = typer.Option(None, help="Event outbox directory (default ABLAB_HOME/gateway-outbox)."),
     experiment: list[str] = typer.Option(None, "--experiment", help="Only assign these experiments (repeatable; default all)."),
     refresh_s: float = typer.Option(10.0, min=0.5, help="Seconds between assignment-config refreshes."),
+    workers: int = typer.Option(1, "--workers", min=1, max=256,
+                                help="Gateway processes sharing the port (SO_REUSEPORT); one forwarder ships every "
+                                     "worker's outbox (OUTBOX/worker-<i>). One per core the gateway may use."),
 ) -> None:
     """Serve /v1/chat/completions, /v1/completions and /v1/models in front of your backends,
     assigning each unit (X-Ablab-Unit header, else the body's `user`) to its variant."""
@@ -51,6 +54,12 @@ def gateway(
     console.print(f"[green]ablab gateway[/] on http://{host}:{port}/v1  backends: {names}  (default {settings.default_backend})")
     if settings.metrics_token_sha256 is not None:
         console.print(f"/metrics needs the bearer token in {METRICS_TOKEN_ENV}")
+    if workers > 1:
+        from ablab.platform.gateway.relay_workers import run
+
+        console.print(f"{workers} workers; outboxes under {settings.outbox_dir}/worker-<i>, one forwarder")
+        run(settings, workers=workers, host=host, port=port, log_level=base.log_level)
+        return
     from ablab.platform.gateway.rewrite import torch_available
 
     compress = None
@@ -68,7 +77,7 @@ def gateway(
         from ablab.platform.gateway.limits import uvicorn_options  # head/body deadlines, header bounds, connection cap
 
         uvicorn.run(create_app(settings, sdk=sdk, compress=compress), host=host, port=port,
-                    log_level=base.log_level.lower(), access_log=False, **uvicorn_options())
+                    log_level=base.log_level.lower(), access_log=False, loop="uvloop", **uvicorn_options())
     finally:
         if sdk is not None:
             sdk.close()

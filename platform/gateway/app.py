@@ -51,9 +51,10 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
                     settings.default_backend)
     state.sdk = sdk
     if settings.outbox_dir is not None:
-        from ablab.platform.gateway.emit import Outbox, schema_has_measures
+        from ablab.platform.gateway.emit import schema_has_measures
+        from ablab.platform.gateway.outbox import segmented_outbox
 
-        state.outbox = Outbox(settings.outbox_dir)
+        state.outbox = segmented_outbox(settings.outbox_dir)  # segments, a disk cap (503 when full), retention
         state.with_measures = schema_has_measures()
     from ablab.platform.gateway.shadow import ShadowRunner
 
@@ -147,9 +148,9 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
             await state.catalog.refresh()  # each backend's models, so an unknown one is a 404 from the start
         shipper = None
         if ship and state.outbox is not None and settings.token:
-            from ablab.platform.gateway.emit import Shipper
+            from ablab.platform.gateway.outbox import GroupShipper
 
-            shipper = Shipper(settings.outbox_dir, api_url=settings.api_url, token=settings.token)  # type: ignore[arg-type]
+            shipper = GroupShipper(settings.outbox_dir, api_url=settings.api_url, token=settings.token)  # type: ignore[arg-type]
         try:
             yield
         finally:

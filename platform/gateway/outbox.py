@@ -19,9 +19,11 @@ so it survives the process), and this forwarder ships them:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -157,3 +159,233 @@ def http_poster(api_url: str, token: str, *, timeout_s: float = 10.0) -> Callabl
         return client.post("/v1/events", json={"events": events})
 
     return post
+
+
+# --- the gateway's outbox: segments, a disk bound, retention; one forwarder for many workers ----
+
+SEGMENT_BYTES_ENV = "ABLAB_GATEWAY_OUTBOX_SEGMENT_BYTES"
+MAX_BYTES_ENV = "ABLAB_GATEWAY_OUTBOX_MAX_BYTES"
+MIN_FREE_BYTES_ENV = "ABLAB_GATEWAY_OUTBOX_MIN_FREE_BYTES"
+RETENTION_ENV = "ABLAB_GATEWAY_OUTBOX_RETENTION_S"
+
+
+@dataclass(frozen=True)
+class OutboxLimits:
+    """How much disk a gateway's outbox may hold, and how long shipped segments stay.
+
+    - ``segment_bytes`` (64 MiB): a writer starts a new file past this size;
+    - ``max_bytes`` (1 GiB per writer directory): every ``*.jsonl`` there, shipped or not; at the
+      cap the gateway answers 503 (counted, logged) instead of taking requests whose events it
+      could not keep;
+    - ``min_free_bytes`` (256 MiB): the same refusal when the file system has less free space;
+    - ``retention_s`` (24 h): a segment the forwarder has shipped whole, and that no writer holds,
+      is deleted this long after its last write (so a day of events can be re-read on disk).
+    """
+
+    segment_bytes: int = 64 * 1024 * 1024
+    max_bytes: int = 1024 * 1024 * 1024
+    min_free_bytes: int = 256 * 1024 * 1024
+    retention_s: float = 24 * 3600.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> OutboxLimits:
+        env = dict(os.environ if env is None else env)
+        values: dict[str, Any] = {}
+        for name, key, kind in ((SEGMENT_BYTES_ENV, "segment_bytes", int), (MAX_BYTES_ENV, "max_bytes", int),
+                                (MIN_FREE_BYTES_ENV, "min_free_bytes", int), (RETENTION_ENV, "retention_s", float)):
+            if (raw := env.get(name)) is not None:
+                try:
+                    value = kind(raw)
+                except ValueError:
+                    value = -1
+                if value < 0:
+                    raise ValueError(f"{name}: a non-negative number, got {raw!r}")
+                values[key] = value
+        return cls(**values)
+
+
+class OutboxFull(RuntimeError):
+    """The outbox is at its cap or the disk is nearly full: requests are refused (503)."""
+
+
+def _unlocked(path: Path) -> bool:
+    """No writer holds this segment (a writer keeps a shared lock on its open segment)."""
+    try:
+        with path.open("rb") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return True
+    except OSError:
+        return False
+
+
+def segmented_outbox(directory: Path, limits: OutboxLimits | None = None) -> Any:
+    """The gateway's outbox writer (:class:`~.emit.Outbox`, one per directory) with segments and
+    a disk bound: :meth:`full` says when requests must be refused."""
+    from ablab.platform.gateway.emit import Outbox
+
+    class SegmentedOutbox(Outbox):
+        def __init__(self) -> None:
+            super().__init__(directory)
+            self.limits = limits or OutboxLimits.from_env()
+            self._seq = 0
+            self._checked_at = 0.0
+            self._full_reason: str | None = None
+            self.full_refusals = 0
+            fcntl.flock(self._file, fcntl.LOCK_SH)  # held while open: the forwarder never deletes it
+            self._size = os.fstat(self._file.fileno()).st_size
+
+        def write(self, events: list[dict[str, Any]]) -> None:
+            before = self.written
+            try:
+                super().write(events)
+            except OSError as exc:  # ENOSPC, EDQUOT, EIO: the events are lost here, so say so loudly
+                lost = len(events) - (self.written - before)
+                self.refused += lost
+                self._full_reason = f"writing failed ({exc.strerror or exc})"
+                log.error("gateway outbox %s: %d event(s) could not be written: %s; refusing requests until it "
+                          "has room", self.directory, lost, exc)
+                return
+            self._size = os.fstat(self._file.fileno()).st_size
+            if self._size >= self.limits.segment_bytes:
+                self._rotate()
+
+        def _rotate(self) -> None:
+            self._seq += 1
+            name = f"gateway-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{self._seq}.jsonl"
+            new = open(self.directory / name, "ab", buffering=0)
+            fcntl.flock(new, fcntl.LOCK_SH)
+            with self._lock:
+                old, self._file = self._file, new
+            old.close()  # its lock goes with it: the forwarder may delete it once shipped and retained
+            self._size = 0
+
+        def full(self) -> str | None:
+            """Why requests must be refused now (None: there is room); checked at most every 0.5 s."""
+            now = time.monotonic()
+            if now - self._checked_at < 0.5:
+                return self._full_reason
+            self._checked_at = now
+            total = sum(p.stat().st_size for p in self.directory.glob("*.jsonl") if p.exists())
+            stat = os.statvfs(self.directory)
+            free = stat.f_bavail * stat.f_frsize
+            reason = None
+            if total >= self.limits.max_bytes:
+                reason = f"the outbox holds {total} bytes, its cap is {self.limits.max_bytes} ({MAX_BYTES_ENV})"
+            elif free < self.limits.min_free_bytes:
+                reason = f"{free} bytes free on its disk, under {self.limits.min_free_bytes} ({MIN_FREE_BYTES_ENV})"
+            if reason is not None and self._full_reason is None:
+                log.error("gateway outbox %s is full: %s; answering 503 until the forwarder ships and retention "
+                          "frees room", self.directory, reason)
+            elif reason is None and self._full_reason is not None:
+                log.warning("gateway outbox %s has room again", self.directory)
+            self._full_reason = reason
+            return reason
+
+    return SegmentedOutbox()
+
+
+def prune(forwarder: Forwarder, *, retention_s: float, now: float | None = None) -> list[str]:
+    """Delete segments shipped whole, held by no writer, and last written ``retention_s`` ago."""
+    now = time.time() if now is None else now
+    removed = []
+    for path in forwarder.files():
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        if forwarder.positions.get(path.name, -1) < st.st_size or now - st.st_mtime < retention_s or not _unlocked(path):
+            continue
+        path.unlink(missing_ok=True)
+        forwarder.positions.pop(path.name, None)
+        removed.append(path.name)
+    if removed:
+        forwarder._save_positions()
+    return removed
+
+
+class ForwarderGroup:
+    """One forwarder over a gateway's outbox directory and each worker's directory in it
+    (``worker-<i>``: ``ablab gateway --workers N``), with retention of shipped segments."""
+
+    def __init__(self, base: Path, *, post: Callable[[list[dict[str, Any]]], httpx.Response],
+                 retention_s: float | None = None) -> None:
+        self.base = Path(base)
+        self.base.mkdir(parents=True, exist_ok=True)
+        self._post = post
+        self.retention_s = retention_s
+        self.forwarders: dict[Path, Forwarder] = {}
+        self._pruned_at = 0.0
+
+    def _scan(self) -> list[Forwarder]:
+        for d in [self.base, *sorted(p for p in self.base.glob("worker-*") if p.is_dir())]:
+            if d not in self.forwarders:
+                self.forwarders[d] = Forwarder(d, post=self._post)
+        return list(self.forwarders.values())
+
+    def step(self) -> int:
+        shipped = sum(f.step() for f in self._scan())
+        if self.retention_s is not None and time.monotonic() - self._pruned_at > 10.0:
+            self._pruned_at = time.monotonic()
+            for f in self.forwarders.values():
+                prune(f, retention_s=self.retention_s)
+        return shipped
+
+    def behind(self) -> int:
+        return sum(sum(f.behind().values()) for f in self._scan())
+
+    def run(self, *, stop: Callable[[], bool] = lambda: False, poll_s: float = 0.2) -> None:
+        delay = poll_s
+        while not stop():
+            try:
+                shipped = self.step()
+                delay = poll_s
+            except (httpx.HTTPError, RuntimeError) as exc:
+                log.warning("gateway outbox: %s; retrying in %.1f s", exc, delay)
+                shipped = 0
+                delay = min(max(delay * 2, 0.5), 5.0)
+            if not shipped:
+                time.sleep(delay)
+
+
+class GroupShipper:
+    """Runs a :class:`ForwarderGroup` in a thread until :meth:`close` (what ``emit.Shipper`` is
+    for one directory)."""
+
+    def __init__(self, directory: Path, *, api_url: str, token: str, retention_s: float | None = None) -> None:
+        if retention_s is None:
+            retention_s = OutboxLimits.from_env().retention_s
+        self.group = ForwarderGroup(Path(directory), post=http_poster(api_url, token), retention_s=retention_s)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self.group.run, kwargs={"stop": self._stop.is_set}, name="ablab-gateway-outbox",
+                                        daemon=True)
+        self._thread.start()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self.group.behind():
+            time.sleep(0.1)  # a clean stop ships what is written; a killed one ships next start
+        self._stop.set()
+        self._thread.join(timeout=timeout_s)
+
+
+def outbox_refusal(state: Any, *, operation: str, trace_id: str) -> Any:
+    """The 503 a gateway answers while its outbox is full (None while it has room): a request
+    is refused before it reaches a backend, never answered with its events dropped. Counted in
+    ``ablab_gateway_requests_total{error="outbox_full"}`` and logged when the state changes."""
+    full = getattr(state.outbox, "full", None)
+    reason = full() if full is not None else None
+    if reason is None:
+        return None
+    from starlette.responses import Response
+
+    from ablab.platform.gateway import protocol
+
+    state.metrics.requests.labels(operation, state.settings.default_backend, "outbox_full").inc()
+    state.outbox.full_refusals += 1
+    body = protocol.error_body(f"the gateway cannot record this request's events: {reason}", kind="server_error")
+    return Response(body, status_code=503, media_type="application/json",
+                    headers={"x-ablab-trace-id": trace_id, "retry-after": "5"})

@@ -34,6 +34,7 @@ from ablab.platform.gateway.model_routing import ModelCatalog, ModelNotFound
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
 from ablab.platform.gateway.prompting import rewrite_request
 from ablab.platform.gateway.prompting.rates import take_notes
+from ablab.platform.gateway.outbox import outbox_refusal
 from ablab.platform.gateway.relay import SseResponse, UpstreamResponse
 from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
@@ -194,6 +195,8 @@ class OpenAIServing:
         start = time.perf_counter()
         ts = datetime.now(UTC)
         trace_id = uuid.uuid4().hex
+        if st.outbox is not None and (full := outbox_refusal(st, operation=self.operation, trace_id=trace_id)) is not None:
+            return full  # type: ignore[no-any-return]  # a starlette Response
         headers = request.headers
         try:
             raw = await read_body(request, st.settings.max_body_bytes)

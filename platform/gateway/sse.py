@@ -25,7 +25,7 @@ class SseParser:
             buf = self._buf + data if self._buf else data
             pieces = buf.split(b"\n\n")
             self._buf = pieces.pop()
-            out = []
+            out: list[tuple[bytes, bytes | None]] = []
             for p in pieces:
                 if p.startswith(b"data: ") and b"\n" not in p:
                     out.append((p + b"\n\n", p[6:]))

@@ -1,0 +1,162 @@
+"""``ablab gateway --workers N``: N gateway processes on one port, one outbox forwarder.
+
+Each worker is a spawned process with its own listening socket bound with ``SO_REUSEPORT``
+(the kernel spreads new connections over the workers' sockets, so no process is a hand-off
+point), its own assignment client and its own outbox directory, ``<outbox>/worker-<i>``: one
+writer per directory, as :class:`~.emit.Outbox` requires. The parent process never serves a
+request: it restarts a worker that dies and runs the one forwarder
+(:class:`~.outbox.ForwarderGroup`), which ships every worker directory's files. A worker killed
+at any point has flushed each answered request's events to its file before the answer's last
+bytes; the forwarder ships them with the ids they were written with and saves its position
+per file only after the API's 202, so every event reaches the API once by ``event_id`` (a
+re-post after a lost 202 carries the same ids, which the loader and the Flink job count once).
+A restarted worker writes a new file in the same directory (the file name carries its pid).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import threading
+import time
+from dataclasses import replace
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from ablab.platform.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
+
+
+def worker_outbox(base: Path, index: int) -> Path:
+    return base / f"worker-{index}"
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening socket that other processes may bind to the same address too."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve_worker(index: int, settings: GatewaySettings, host: str, port: int, log_level: str, parent: int) -> None:
+    """One worker process: its socket, its assignment client, its outbox; until SIGTERM or
+    until its parent is gone (a worker never outlives the supervisor)."""
+    import uvicorn
+
+    from ablab.platform.gateway.app import create_app
+    from ablab.platform.gateway.rewrite import torch_available
+
+    logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
+    if settings.outbox_dir is not None:
+        settings = replace(settings, outbox_dir=worker_outbox(settings.outbox_dir, index))
+    compress: Any = None
+    if torch_available():
+        from ablab.inference.compression import compress
+    sdk = None
+    if settings.token:
+        from ablab.platform.sdk import AblabClient
+
+        sdk = AblabClient(settings.api_url, settings.token, refresh_s=settings.refresh_s)
+        sdk.wait_ready(10.0)
+    sock = reuseport_socket(host, port)
+    from ablab.platform.gateway.limits import uvicorn_options
+
+    server = uvicorn.Server(uvicorn.Config(create_app(settings, sdk=sdk, ship=False, compress=compress), loop="uvloop",
+                                           log_level=log_level.lower(), access_log=False, **uvicorn_options()))
+
+    def orphaned() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        server.should_exit = True
+
+    threading.Thread(target=orphaned, name="ablab-gateway-parent-watch", daemon=True).start()
+    try:
+        server.run(sockets=[sock])
+    finally:
+        if sdk is not None:
+            sdk.close()
+
+
+class Supervisor:
+    """Starts ``workers`` gateway processes, restarts any that die, and runs the forwarder."""
+
+    def __init__(self, settings: GatewaySettings, *, workers: int, host: str, port: int, log_level: str = "info",
+                 ship: bool = True) -> None:
+        self.settings, self.workers, self.host, self.port, self.log_level = settings, workers, host, port, log_level
+        self._ctx = multiprocessing.get_context("spawn")
+        self.procs: dict[int, BaseProcess] = {}
+        self.restarts = 0
+        self._stopping = threading.Event()
+        self.shipper: Any = None
+        if ship and settings.outbox_dir is not None and settings.token:
+            from ablab.platform.gateway.outbox import GroupShipper
+
+            self.shipper = GroupShipper(settings.outbox_dir, api_url=settings.api_url, token=settings.token)
+
+    def _spawn(self, index: int) -> None:
+        proc = self._ctx.Process(target=serve_worker, name=f"ablab-gateway-worker-{index}", daemon=False,
+                                 args=(index, self.settings, self.host, self.port, self.log_level, os.getpid()))
+        proc.start()
+        self.procs[index] = proc
+
+    def start(self) -> None:
+        for i in range(self.workers):
+            self._spawn(i)
+
+    def pids(self) -> dict[int, int | None]:
+        return {i: p.pid for i, p in self.procs.items()}
+
+    def watch(self, poll_s: float = 0.5) -> None:
+        """Until :meth:`stop`: restart dead workers (with a short backoff per worker)."""
+        failures: dict[int, int] = {}
+        while not self._stopping.wait(poll_s):
+            for i, proc in list(self.procs.items()):
+                if proc.is_alive() or self._stopping.is_set():
+                    continue
+                n = failures.get(i, 0)
+                log.error("gateway worker %d (pid %s) exited with %s; restarting", i, proc.pid, proc.exitcode)
+                time.sleep(RESTART_BACKOFF_S[min(n, len(RESTART_BACKOFF_S) - 1)])
+                failures[i] = n + 1
+                self.restarts += 1
+                self._spawn(i)
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        self._stopping.set()
+        for proc in self.procs.values():
+            if proc.is_alive() and proc.pid is not None:
+                os.kill(proc.pid, signal.SIGTERM)  # uvicorn's graceful stop: in-flight streams finish
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            proc.join(max(0.1, deadline - time.monotonic()))
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        if self.shipper is not None:
+            self.shipper.close()
+
+
+def run(settings: GatewaySettings, *, workers: int, host: str, port: int, log_level: str = "info") -> None:
+    """Serve until SIGTERM/SIGINT (the CLI's entry point for ``--workers N`` > 1)."""
+    sup = Supervisor(settings, workers=workers, host=host, port=port, log_level=log_level)
+
+    def stop(*_: object) -> None:
+        sup._stopping.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    sup.start()
+    try:
+        sup.watch()
+    finally:
+        sup.stop()

@@ -104,15 +104,12 @@ def synth_events(
     import yaml
 
     from ablab.platform.analytics.event_files import write_events
-    from ablab.platform.stats.synthetic import spec_dict, synthetic_events
+    from ablab.platform.stats.synthetic import DEMO_GUARDRAILS, DEMO_SLOS, spec_dict, synthetic_events
 
     events = synthetic_events(n_requests=requests, n_units=units, seed=seed)
     write_events(events, path)
     if config_out is not None:
-        spec = spec_dict(
-            slos={"ttft_ms": 200, "tpot_ms": 25},
-            guardrails=[{"metric": "ttft_ms_p95", "max": 400}, {"metric": "accuracy", "margin": 0.02}],
-        )
+        spec = spec_dict(slos=dict(DEMO_SLOS), guardrails=[dict(g) for g in DEMO_GUARDRAILS])
         config_out.write_text(yaml.safe_dump(spec, sort_keys=False))
     console.print(f"wrote {len(events)} events to {path}")
 

@@ -10,6 +10,7 @@ import altair as alt
 import pandas as pd
 
 from ablab.dashboards.format import metric_label, metric_unit
+from ablab.platform.fields import COST_FIELD, HEADLINE_LATENCY
 
 _AXIS_UNITS = {"ms": "ms", "usd": "USD", "pct": "%"}
 
@@ -88,9 +89,9 @@ def estimates_chart(result: Mapping[str, Any], metrics: Sequence[str]) -> alt.Ch
 def pareto_frame(attribution: Mapping[str, Any]) -> pd.DataFrame:
     pts = attribution.get("pareto", {}).get("points", [])
     df = pd.DataFrame([{
-        "variant": p["variant"], "latency_ms": p.get("e2e_ms"),
+        "variant": p["variant"], "latency_ms": p.get(HEADLINE_LATENCY),
         "accuracy_pct": _scale("accuracy", p.get("accuracy")),
-        "cost_per_1k_usd": p["cost_usd"] * 1000 if p.get("cost_usd") is not None else None,
+        "cost_per_1k_usd": p[COST_FIELD] * 1000 if p.get(COST_FIELD) is not None else None,
         "frontier": "on the frontier" if p.get("on_frontier") else "dominated",
         "dominated_by": ", ".join(p.get("dominated_by") or []) or "—",
     } for p in pts], columns=["variant", "latency_ms", "accuracy_pct", "cost_per_1k_usd", "frontier", "dominated_by"])

@@ -14,20 +14,26 @@ import pandas as pd
 
 from ablab.platform import fields
 
-# metric → (label, unit kind); the unit kind picks the formatter.
-# metric → (label, unit kind); the unit kind picks the formatter. Measured fields and their
-# window percentiles are labelled in the field catalogue; derived metrics here.
+# metric → (label, unit kind); the unit kind picks the formatter. Measured fields, their
+# percentiles and their client-side (RUM) means are labelled in the field catalogue;
+# derived metrics here.
 METRIC_LABELS: dict[str, tuple[str, str]] = {
     **fields.labels(),
+    **fields.rum_labels(),
     "accuracy": ("Accuracy", "pct"),
-    "cost_usd": ("Cost per request", "usd"),
     "cost_per_correct": ("Cost per correct answer", "usd"),
     "goodput": ("Goodput (meets SLOs)", "pct"),
     "error_rate": ("Error rate", "pct"),
-    "rum_e2e_ms": ("Client-side latency (RUM)", "ms"),
 }
+# Tooltip text of a measured field (the catalogue's description).
+METRIC_HELP: dict[str, str] = fields.descriptions()
+HEADLINE_P95 = fields.quantile_metric(fields.HEADLINE_LATENCY, 0.95)
+# Each latency with quantiles: its mean, then its p95 (side by side in the estimates chart).
+LATENCY_HEADLINES: tuple[str, ...] = tuple(
+    m for name in fields.HISTOGRAM_FIELDS for m in (name, fields.quantile_metric(name, 0.95))
+)
 # Shown first and in this order on the results page; the rest follow.
-RESULT_METRIC_ORDER = ("e2e_ms", "e2e_ms_p95", "ttft_ms", "ttft_ms_p95", "accuracy", "cost_usd", "cost_per_correct")
+RESULT_METRIC_ORDER = (*LATENCY_HEADLINES, "accuracy", fields.COST_FIELD, "cost_per_correct")
 DECISION_BADGES = {"ship": "🟢 ship", "no_ship": "🔴 don't ship", "keep_running": "🟡 keep running"}
 GUARDRAIL_BADGES = {"pass": "🟢 pass", "fail": "🔴 breach", "inconclusive": "🟡 pending"}
 STATUS_BADGES = {"draft": "⚪ draft", "running": "🟢 running", "paused": "🟡 paused", "stopped": "⚫ stopped"}
@@ -378,7 +384,7 @@ def variants_table(exp: Mapping[str, Any], result: Mapping[str, Any]) -> pd.Data
     changes, the decision."""
     total = sum(float(v.get("weight") or 0) for v in exp.get("variants") or []) or 1.0
     observed = (result.get("srm") or {}).get("observed") or {}
-    requests = {r["variant"]: r.get("n") for r in result.get("metrics", []) if r["metric"] == "e2e_ms"}
+    requests = {r["variant"]: r.get("n") for r in result.get("metrics", []) if r["metric"] == fields.HEADLINE_LATENCY}
     decisions = {d["variant"]: d["decision"] for d in result.get("decisions", [])}
     rows = []
     for v in exp.get("variants") or []:

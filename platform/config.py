@@ -21,6 +21,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
+from ablab.platform.fields import SLA_METRIC
+
 _DEV_WEBHOOK_SECRET = "ablab-dev-webhook-secret"
 
 
@@ -65,7 +67,7 @@ class Settings(BaseSettings):
         default=[], description="Experiments (request-randomized) whose weights the SLA-constrained Thompson allocator sets.")
     allocator_interval_s: float = Field(default=60.0, gt=0, description="Re-weight allocator experiments at most every N s.")
     allocator_reward: str = Field(default="accuracy", description="Allocator reward: a higher-is-better proportion.")
-    allocator_constraint: str = Field(default="ttft_ms_p95", description="Allocator SLA metric (bound: the guardrail max).")
+    allocator_constraint: str = Field(default=SLA_METRIC, description="Allocator SLA metric (bound: the guardrail max).")
     allocator_floor: float = Field(default=0.05, gt=0, lt=0.5, description="Smallest weight share an arm keeps.")
     allocator_min_change: float = Field(default=0.02, ge=0, description="Re-weight only when a share moves this much.")
     allocator_min_trials: int = Field(default=50, ge=0, description="Labelled requests needed before the first re-weight.")

@@ -57,7 +57,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from ablab.platform.fields import FIELDS
+from ablab.platform.fields import AT_MOST, FIELDS
 
 SCHEMA_VERSION = 1
 SUPPORTED_VERSIONS = (1,)
@@ -302,8 +302,9 @@ class InferenceEvent(_Assigned):
 
     @model_validator(mode="after")
     def _coherent_latencies(self) -> InferenceEvent:
-        if self.ttft_ms > self.e2e_ms:
-            raise _field_error("ttft_ms", f"ttft_ms ({self.ttft_ms}) exceeds e2e_ms ({self.e2e_ms})")
+        for name, bound, _ in AT_MOST:  # the catalogue's order rules (first token before the last)
+            if getattr(self, name) > getattr(self, bound):
+                raise _field_error(name, f"{name} ({getattr(self, name)}) exceeds {bound} ({getattr(self, bound)})")
         if self.output_text is not None and self.shadow_of is None:
             raise _field_error("output_text", "only a shadow's event carries its answer text")
         if self.shadow_of is not None and self.shadow is not None:

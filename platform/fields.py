@@ -13,6 +13,14 @@ this table), the Flink source, screening and window columns, the ClickHouse tabl
 loader's column tuples, the timeseries maps and the dashboard labels. Adding a field is one
 entry here plus the migration and the SQL the checks then ask for.
 
+The results side derives from it too (:func:`unit_columns`, :data:`SLO_FIELDS`,
+:data:`LATENCY_FIELDS`, :data:`HISTOGRAM_FIELDS`, :data:`RANK_TESTED`,
+:func:`lower_is_better_fields`, :func:`quantile_metric`…): the per-unit columns and metric
+definitions of ``ablab.platform.stats.metrics``, the paired (shadow) metrics, ``ablab
+analyze``'s columns, the dashboards' labels, metric orders and defaults. The few roles a
+field plays by name (:data:`HEADLINE_LATENCY`, :data:`SLA_LATENCY`, :data:`COST_FIELD`) are
+named here once and checked against the table at import.
+
 Statistics have one naming scheme: ``<field>_<stat>``, the field's full name and the
 statistic (``e2e_ms_sum``, ``e2e_ms_sumsq``, ``tpot_ms_n``, ``e2e_ms_p95``), in the window
 table (:func:`window_column`), the timeseries metrics and the per-unit rollup
@@ -51,6 +59,13 @@ class Field:
     windowed), named by :func:`window_column`. ``window_count``: the count its mean divides
     by (``n`` = every request; the field's own ``<field>_n`` when it may be absent). ``unit``: per-unit statistics of the rollup (empty: not rolled up).
     ``nullable``: the field may be absent on an event that carries it.
+    ``per_unit`` on the results side: ``sum`` and ``n`` make the field a results metric (its
+    mean: ``<f>_sum / <f>_n``, or ``/ requests`` without ``n``); ``sq`` (Σ value², the design
+    effect of a quantile) also makes its quantiles (:data:`RESULT_QUANTILES`) results metrics
+    over a per-variant histogram. ``paired``: compared request by request between a shadow
+    and its primary (an inference field). ``otel``: the OpenTelemetry GenAI span attribute
+    the gateway sets from it, and the factor from the field's unit to the attribute's.
+    ``description``: the one-sentence tooltip and reference text.
     """
 
     name: str
@@ -71,6 +86,8 @@ class Field:
     late: bool = False  # a late event keeps it (late_events), so its window is exact
     flink: bool = False  # read by the Flink job from the inference topic
     description: str = field(default="")
+    paired: bool = False
+    otel: tuple[str, float] | None = None
 
     @property
     def bounds_text(self) -> str:
@@ -83,24 +100,33 @@ _SUMS: tuple[WindowStat, ...] = ("sum", "sumsq")
 FIELDS: Mapping[str, Field] = MappingProxyType({f.name: f for f in (
     Field("e2e_ms", "float", "ms", "lower", 0.0, DAY_S * 1000, _LATENCY, ("inference", "rum"),
           "Latency (mean)", "ms", window=(*_SUMS, *WINDOW_QUANTILES),
-          per_unit=("sum", "n", "sq"), slo=True, late=True, flink=True),
+          per_unit=("sum", "n", "sq"), slo=True, late=True, flink=True, paired=True,
+          description="End-to-end latency: from the request's arrival to its last token (ms)."),
     Field("ttft_ms", "float", "ms", "lower", 0.0, DAY_S * 1000, _LATENCY, ("inference",),
           "TTFT (mean)", "ms", window=(*_SUMS, *WINDOW_QUANTILES),
-          per_unit=("sum", "n", "sq"), slo=True, late=True, flink=True),
+          per_unit=("sum", "n", "sq"), slo=True, late=True, flink=True, paired=True,
+          otel=("gen_ai.client.operation.time_to_first_chunk", 1e-3),
+          description="Time to first token: from the request's arrival to its first output token (ms)."),
     Field("tpot_ms", "float", "ms", "lower", 0.0, DAY_S * 1000, "a token takes at most a day", ("inference",),
           "TPOT (mean)", "ms", window=("n", *_SUMS), window_count="tpot_ms_n",
-          per_unit=("sum", "n"), slo=True, nullable=True, late=True, flink=True),
+          per_unit=("sum", "n"), slo=True, nullable=True, late=True, flink=True, paired=True,
+          description="Time per output token after the first (ms); absent when a request generates one token."),
     Field("cost_usd", "float", "USD", "lower", 0.0, MAX_COST_USD, f"one cost record is at most {MAX_COST_USD:,.0f} USD",
           ("inference", "cost"), "Cost per request", "usd", window=_SUMS,
-          per_unit=("sum",), late=True, flink=True),
+          per_unit=("sum",), late=True, flink=True, paired=True,
+          description="Cost of a request (USD): the worker's estimate, replaced by billing where it arrived."),
     Field("prompt_tokens", "int", "tokens", "none", 0, MAX_TOKENS, "no context holds more than 10 M tokens",
-          ("inference",), "Prompt tokens", "num", window=_SUMS, late=True, flink=True),
+          ("inference",), "Prompt tokens", "num", window=_SUMS, late=True, flink=True, paired=True,
+          otel=("gen_ai.usage.input_tokens", 1.0), description="Tokens of the request's prompt."),
     Field("output_tokens", "int", "tokens", "none", 0, MAX_TOKENS, "no request generates more than 10 M tokens",
-          ("inference",), "Output tokens", "num", window=_SUMS, late=True, flink=True),
+          ("inference",), "Output tokens", "num", window=_SUMS, late=True, flink=True, paired=True,
+          otel=("gen_ai.usage.output_tokens", 1.0), description="Tokens the request generated."),
     Field("device_s", "float", "s", "lower", 0.0, DAY_S, "a request holds a device for at most a day",
-          ("inference",), "Device time", "num"),
+          ("inference",), "Device time", "num",
+          description="Device-seconds attributed to the request."),
     Field("score", "float", "", "higher", -1e9, 1e9, "a label score is a bounded grade", ("feedback",),
-          "Score", "num", nullable=True),
+          "Score", "num", nullable=True,
+          description="A label's grade of the answer (judge or human), the trace's latest."),
 )})
 """Every measured field, in the order the event models and the tables list them."""
 
@@ -275,3 +301,105 @@ def mismatches(
             if column not in expected and column not in fixed:
                 problems.append(f"{table}: column {column} is not in the field catalogue")
     return problems
+
+
+# --- the results side: per-unit columns, metric sources, roles ---------------------------
+#
+# ``ablab.platform.stats.metrics`` turns these into metric definitions; the paired analysis,
+# ``ablab analyze``, the registry's and the API's defaults and the dashboards read them from
+# there or from here. Each is derived from the table above, in its order.
+
+PER_UNIT_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS.values() if f.per_unit)
+"""Fields the per-unit rollup sums (``<f>_sum``…, :func:`unit_columns`)."""
+LATENCY_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS.values() if f.unit == "ms")
+"""Per-request durations: a negative one rejects its event, and paired tests rank them."""
+MEAN_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS.values() if "sum" in f.per_unit)
+"""Fields whose mean per request is a built-in results metric (``<f>_sum`` over ``<f>_n``
+where the field may be absent, else over every request)."""
+HISTOGRAM_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS.values() if "sq" in f.per_unit)
+"""Fields whose quantiles are results metrics (one histogram per variant, Σx² per unit)."""
+RESULT_QUANTILES: tuple[float, ...] = (0.95, 0.99)
+"""The quantiles of each :data:`HISTOGRAM_FIELDS` field that ``/results`` reports."""
+RANK_TESTED: tuple[str, ...] = LATENCY_FIELDS
+"""Built-in paired metrics that also get a Wilcoxon signed-rank and a sign test: latencies
+are skewed, a few slow requests move a mean difference."""
+PAIRED_FIELDS: tuple[str, ...] = tuple(f.name for f in FIELDS.values() if f.paired)
+"""Fields compared request by request between a shadow and its primary."""
+
+AT_MOST: tuple[tuple[str, str, str], ...] = (("ttft_ms", "e2e_ms", "ttft_exceeds_e2e"),)
+"""(field, bound, reject reason): on one event the field never exceeds the bound (the first
+token comes no later than the last). The event models, the edge and ``ablab analyze``
+reject an event that breaks it."""
+
+HEADLINE_LATENCY = "e2e_ms"
+"""The latency every request reports: the default primary metric, the results page's
+headline latency and its count of a variant's requests."""
+SLA_LATENCY = "ttft_ms"
+"""The latency an SLA bounds by default (its p95: the allocator's constraint, the
+editor's first guardrail, the demo spec's)."""
+COST_FIELD = "cost_usd"
+"""The cost of a request: billing replaces the worker's estimate of it, its sum over
+labelled requests divided by correct ones is the cost per correct answer."""
+for _role in (HEADLINE_LATENCY, SLA_LATENCY):
+    assert _role in LATENCY_FIELDS and _role in HISTOGRAM_FIELDS, f"{_role} is not a latency with quantiles"
+assert COST_FIELD in MEAN_FIELDS and FIELDS[COST_FIELD].unit_kind == "usd", f"{COST_FIELD} is not a cost"
+
+
+def unit_columns() -> tuple[str, ...]:
+    """The per-unit statistic columns of every rolled-up field, in catalogue order
+    (``e2e_ms_sum, e2e_ms_n, e2e_ms_sq, …, cost_usd_sum``)."""
+    return tuple(unit_column(f.name, s) for f in FIELDS.values() for s in f.per_unit)
+
+
+def labeled_sum_column(name: str) -> str:
+    """Σ ``name`` over a unit's labelled requests (the cost per correct answer's numerator)."""
+    unit_column(name, "sum")  # a rolled-up field
+    return f"labeled_{name}_sum"
+
+
+def quantile_metric(name: str, q: float) -> str:
+    """The name of quantile ``q`` of field ``name`` as a metric (``e2e_ms_p95``), the same in
+    ``/results`` and the window table."""
+    return f"{name}_p{round(q * 100)}"
+
+
+SLA_METRIC = quantile_metric(SLA_LATENCY, 0.95)
+"""``ttft_ms_p95``: the allocator's default constraint and the first default guardrail."""
+
+
+def lower_is_better_fields() -> frozenset[str]:
+    """Fields whose ``direction`` is ``lower`` (time, money): a custom metric over one is
+    lower-is-better unless it says otherwise. ``none`` is neither (token counts)."""
+    return frozenset(f.name for f in FIELDS.values() if f.direction == "lower")
+
+
+def lower_is_better(name: str) -> bool:
+    """Whether less of field ``name`` is better; a ``none`` direction counts as lower (fewer
+    tokens cost less), which is how the paired analysis colours a difference."""
+    return FIELDS[name].direction != "higher"
+
+
+def otel_attributes() -> dict[str, tuple[str, float]]:
+    """field → (OpenTelemetry GenAI span attribute, factor from the field's unit)."""
+    return {f.name: f.otel for f in FIELDS.values() if f.otel is not None}
+
+
+def rum_timeseries_columns() -> dict[str, tuple[str, str, str]]:
+    """Client-side (RUM) means per window, joined at query time: metric ``rum_<f>`` → (count,
+    sum, sum of squares) columns, for every field a RUM event carries."""
+    return {f"rum_{f.name}": ("rum_n", f"rum_{f.name}_sum", f"rum_{f.name}_sumsq") for f in fields_of("rum")}
+
+
+def rum_labels() -> dict[str, tuple[str, str]]:
+    """Dashboard label and unit kind of each RUM metric (:func:`rum_timeseries_columns`)."""
+    out = {}
+    for metric in rum_timeseries_columns():
+        f = FIELDS[metric.removeprefix("rum_")]
+        short = f.label.replace(" (mean)", "").lower()
+        out[metric] = (f"Client-side {short} (RUM)", f.unit_kind)
+    return out
+
+
+def descriptions() -> dict[str, str]:
+    """field → its description (tooltips, reference text)."""
+    return {f.name: f.description for f in FIELDS.values() if f.description}

@@ -15,11 +15,11 @@ import streamlit as st
 
 from ablab.dashboards import forms
 from ablab.dashboards.client import ApiError
-from ablab.dashboards.format import STATUS_BADGES, fmt_pct, md_escape, metric_label
+from ablab.dashboards.format import HEADLINE_P95, METRIC_HELP, STATUS_BADGES, fmt_pct, md_escape, metric_label
 from ablab.dashboards.views.common import Context, call, field_error, goto
 from ablab.dashboards.views.strategy import factors_panel, load_catalog, strategy_picker
 from ablab.platform.assignment.targeting import Op
-from ablab.platform.fields import FIELDS, SLO_FIELDS
+from ablab.platform.fields import COST_FIELD, FIELDS, HEADLINE_LATENCY, SLA_METRIC, SLO_FIELDS
 from ablab.platform.registry.factors.catalog import FactorCatalog
 from ablab.platform.stats.metrics import METRICS
 from ablab.platform.strategy import Strategy, open_strategy
@@ -27,7 +27,7 @@ from ablab.platform.strategy import Strategy, open_strategy
 MAX_VARIANTS = 8
 UNITS = ("user", "session", "request")
 BASELINE = Strategy().factors()
-GUARDRAIL_DEFAULTS = ("ttft_ms_p95", "accuracy", "error_rate", "e2e_ms_p95", "cost_usd")
+GUARDRAIL_DEFAULTS = (SLA_METRIC, "accuracy", "error_rate", HEADLINE_P95, COST_FIELD)
 
 
 def _init(key: str, value: Any) -> None:
@@ -75,7 +75,7 @@ def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[st
 
 def _custom_metrics(prefix: str, current: dict[str, Any], errors: dict[str, str]) -> tuple[list[dict[str, Any]], list[str]]:
     """``metrics.custom`` as an editable table (add, edit, remove rows) and ``metrics.segments``."""
-    st.caption("Custom metrics: a mean, proportion, ratio or quantile over a field (e.g. `e2e_ms`), "
+    st.caption(f"Custom metrics: a mean, proportion, ratio or quantile over a field (e.g. `{HEADLINE_LATENCY}`), "
                "a custom measure (`measures.tool_calls`), a label (`score`, `correct`) or `error`; "
                "CUPED covariate `pre_period` or a source name.")
     key = f"{prefix}_custom"
@@ -117,7 +117,7 @@ def _metrics(prefix: str, current: dict[str, Any] | None, errors: dict[str, str]
     names = [*METRICS, *(n for n in custom_names if n not in METRICS)]
     label = lambda m: f"{metric_label(m)} ({m})" if m in METRICS else f"{m} (custom)"
     primary = st.multiselect("Primary metrics (decide ship / don't ship)", names, key=f"{prefix}_primary", format_func=label,
-                             default=[m for m in current.get("primary", ["e2e_ms"]) if m in names],
+                             default=[m for m in current.get("primary", [HEADLINE_LATENCY]) if m in names],
                              help="Good direction comes from the catalogue: latency and cost lower, accuracy higher; "
                                   "a custom metric's from its Lower-is-better box.")
     field_error(errors, "metrics.primary")
@@ -132,7 +132,7 @@ def _metrics(prefix: str, current: dict[str, Any] | None, errors: dict[str, str]
         _init(key, (current.get("slos") or {}).get(name))
         with col:
             value = st.number_input(f"{metric_label(name)} SLO ({FIELDS[name].unit})", min_value=0.0, key=key,
-                                    placeholder="none", format="%.0f")
+                                    placeholder="none", format="%.0f", help=METRIC_HELP.get(name))
         if value:
             slos[name] = float(value)
     field_error(errors, "metrics.slos")

@@ -23,6 +23,8 @@ from ablab.dashboards import charts
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import (
     DECISION_BADGES,
+    HEADLINE_P95,
+    LATENCY_HEADLINES,
     STATUS_BADGES,
     VERDICT_HELP,
     cuped_table,
@@ -41,9 +43,13 @@ from ablab.dashboards.format import (
 from ablab.dashboards.views import custom_metrics, live, segments, shadows, ship, tables, variants
 from ablab.dashboards.views.common import Context, goto, show_api_error
 from ablab.dashboards.views.nav import VIEWS, address, open_view, view_params
+from ablab.platform import fields
 
-SERIES_METRICS = ("e2e_ms", "ttft_ms", "tpot_ms", "accuracy", "cost_usd", "error_rate", "e2e_ms_p95", "ttft_ms_p95")
-DISTRIBUTION_METRICS = ("e2e_ms_p50", "e2e_ms_p95", "e2e_ms_p99")
+SERIES_METRICS = (*fields.LATENCY_FIELDS, "accuracy", fields.COST_FIELD, "error_rate",
+                  *(fields.quantile_metric(name, 0.95) for name in fields.HISTOGRAM_FIELDS))
+# the headline latency's window percentiles
+DISTRIBUTION_METRICS = tuple(f"{fields.HEADLINE_LATENCY}_{q}" for q in fields.FIELDS[fields.HEADLINE_LATENCY].window
+                             if q in fields.WINDOW_QUANTILES)
 
 
 def _fetch(fn: Any, *args: Any, **kw: Any) -> tuple[Any, ApiError | None]:
@@ -181,7 +187,7 @@ def _banners(result: Any) -> None:
 
 def _units(result: Any) -> dict[str, Any]:
     observed = (result.get("srm") or {}).get("observed") or {}
-    requests = {r["variant"]: r.get("n") for r in result.get("metrics", []) if r["metric"] == "e2e_ms"}
+    requests = {r["variant"]: r.get("n") for r in result.get("metrics", []) if r["metric"] == fields.HEADLINE_LATENCY}
     return {v: (observed.get(v), requests.get(v)) for v in dict.fromkeys([*observed, *requests])}
 
 
@@ -221,7 +227,7 @@ def _downloads_and_estimates(result: Any, key: str) -> None:
     if cov:
         st.caption("Label coverage: " + " · ".join(f"{md_escape(v)}: {fmt_pct(c.get('coverage'))} of {fmt_count(c.get('requests'))} requests labeled"
                                                    for v, c in cov.items()))
-    st.altair_chart(charts.estimates_chart(result, ("e2e_ms", "e2e_ms_p95", "ttft_ms", "ttft_ms_p95")), width="content")
+    st.altair_chart(charts.estimates_chart(result, LATENCY_HEADLINES), width="content")
 
 
 def _cuped(result: Any) -> None:
@@ -286,9 +292,9 @@ def _distributions(ctx: Context, key: str, result: Any) -> None:
             frames[metric] = series
     if frames:
         st.altair_chart(charts.latency_distribution_chart(frames), width="content")
-    rows = {r["variant"]: r for r in result.get("metrics", []) if r["metric"] == "e2e_ms_p95"}
+    rows = {r["variant"]: r for r in result.get("metrics", []) if r["metric"] == HEADLINE_P95}
     if rows:
-        st.caption("Whole-experiment p95: " + " · ".join(f"{md_escape(v)}: {fmt_value('e2e_ms_p95', r.get('estimate'))}"
+        st.caption("Whole-experiment p95: " + " · ".join(f"{md_escape(v)}: {fmt_value(HEADLINE_P95, r.get('estimate'))}"
                                                          for v, r in rows.items()))
     elif not frames:
         st.info("No latency windows yet.")

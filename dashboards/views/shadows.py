@@ -17,10 +17,10 @@ from typing import Any
 import pandas as pd
 
 from ablab.dashboards.format import fmt_count, fmt_interval, fmt_p, fmt_pct, fmt_value, md_escape, metric_label
+from ablab.platform.fields import RANK_TESTED
 
 SHADOW_VERDICTS = {"better": "🟢 shadow better", "worse": "🔴 shadow worse", "flat": "⚪ no difference",
                    "no data": "… too few pairs"}
-RANK_TESTED = ("e2e_ms", "ttft_ms", "tpot_ms")
 
 
 def _get(row: Any, name: str, default: Any = None) -> Any:

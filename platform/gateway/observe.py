@@ -10,6 +10,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+from ablab.platform.fields import otel_attributes
+
+OTEL_ATTRIBUTES = otel_attributes()  # field → (span attribute, factor from the field's unit)
+
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
@@ -61,9 +65,10 @@ def end_span(span: Any, event: dict[str, Any] | None, *, error: str | None, expe
     if span is None:
         return
     if event is not None:
-        span.set_attribute("gen_ai.usage.input_tokens", event["prompt_tokens"])
-        span.set_attribute("gen_ai.usage.output_tokens", event["output_tokens"])
-        span.set_attribute("gen_ai.client.operation.time_to_first_chunk", event["ttft_ms"] / 1000.0)
+        for name, (attribute, factor) in OTEL_ATTRIBUTES.items():  # GenAI semantic conventions
+            if event.get(name) is not None:
+                value = event[name]
+                span.set_attribute(attribute, value if factor == 1 else value * factor)
     if experiment:
         span.set_attribute("ablab.experiment", experiment)
         span.set_attribute("ablab.variant", variant or "")

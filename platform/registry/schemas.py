@@ -18,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from ablab.platform import fields
 from ablab.platform.assignment.targeting import MAX_ATTRIBUTE_NAME_CHARS, MAX_PATTERN_CHARS, Condition, Op
 from ablab.platform.stats.custom_metric import CustomMetricModel
 from ablab.platform.strategy import OpenStrategy
@@ -175,9 +176,9 @@ class Metrics(_Strict):
     ``mde`` the relative minimum detectable effect per metric for the power estimate.
     """
 
-    primary: list[str] = Field(default_factory=lambda: ["e2e_ms"], min_length=1)
+    primary: list[str] = Field(default_factory=lambda: [fields.HEADLINE_LATENCY], min_length=1)
     report: list[str] | None = Field(default=None, description="Metrics to report; all by default.")
-    slos: dict[str, float] = Field(default_factory=dict, description="metric → max, e.g. {ttft_ms: 500}.")
+    slos: dict[str, float] = Field(default_factory=dict, description=f"metric → max, e.g. {{{fields.SLA_LATENCY}: 500}}.")
     custom: list[CustomMetricModel] = Field(default_factory=list, max_length=32,
                                          description="Experiment-defined metrics (mean, proportion, ratio, quantile).")
     segments: list[str] = Field(default_factory=list, max_length=5, description="Breakdowns, e.g. ['dims.domain'].")

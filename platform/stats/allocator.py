@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ablab.platform.fields import SLA_METRIC
+
 from .aggregates import VariantStats
 from .engine import arm_estimate
 from .spec import ExperimentSpec
@@ -54,7 +56,7 @@ def thompson_weights(
 
 
 def arms_from_stats(
-    spec: ExperimentSpec, stats: Mapping[str, VariantStats], *, reward: str = "accuracy", constraint: str = "ttft_ms_p95"
+    spec: ExperimentSpec, stats: Mapping[str, VariantStats], *, reward: str = "accuracy", constraint: str = SLA_METRIC
 ) -> dict[str, ArmState]:
     reward_def = spec.metric_def(reward)
     if reward_def.kind != "proportion" or reward_def.lower_is_better:

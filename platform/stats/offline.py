@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ablab.platform import fields
 from ablab.platform.fields import fields_of
 
 from . import paired as pr
@@ -33,16 +34,17 @@ from .metrics import DIM_PREFIX, MEASURE_PREFIX
 from .spec import ExperimentSpec
 
 EVENT_TYPES = ("exposure", "inference", "rum", "feedback", "cost")
-LATENCIES = ("e2e_ms", "ttft_ms", "tpot_ms")
+LATENCIES = fields.LATENCY_FIELDS
 REJECT_REASONS = ("", "unknown_type", "missing_trace_or_unit", "negative_latency", "unknown_variant", "bad_feedback",
-                  "out_of_bounds", "ttft_exceeds_e2e")
+                  "out_of_bounds", *(reason for _, _, reason in fields.AT_MOST))
 _REASON = {name: i for i, name in enumerate(REJECT_REASONS)}
 # not trace_id: nearly unique, its per-batch dictionaries cost more to unify (1.2 s) than one hash pass
 ID_COLUMNS = ("type", "experiment", "variant", "unit_id")
 COLUMNS = (
-    "type", "ts", "trace_id", "experiment", "variant", "unit_id", *LATENCIES, "prompt_tokens", "output_tokens",
-    "device_s", "cost_usd", "error", "correct", "score", "measures", "dims", "shadow_of", "shadow",
+    "type", "ts", "trace_id", "experiment", "variant", "unit_id", *fields.EVENT_FIELDS, "error", "correct",
+    "measures", "dims", "shadow_of", "shadow",
 )
+"""The event columns an analysis reads (every catalogue field); others are left unread."""
 
 
 @dataclass(eq=False)
@@ -246,7 +248,9 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     # not), and no first token after the last. A file holding what the edge refused is then
     # analysed as the live pipeline stored it.
     reasons[inf & _out_of_bounds(table, "inference") & (reasons == 0)] = _REASON["out_of_bounds"]
-    reasons[inf & (lat["ttft_ms"] > lat["e2e_ms"]) & (reasons == 0)] = _REASON["ttft_exceeds_e2e"]
+    for name, bound, reason in fields.AT_MOST:
+        first, last = (lat[c] if c in lat else _float(table, c) for c in (name, bound))
+        reasons[inf & (first > last) & (reasons == 0)] = _REASON[reason]
     inf &= reasons == 0
     shd = inf & (shadow_of >= 0)
     inf &= shadow_of < 0
@@ -296,7 +300,7 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
         by_trace[name][trace[latest]] = col[latest]
         orphans = np.union1d(orphans, trace[latest][~has_inf[trace[latest]]])
     quality["orphan_feedback"] = int(orphans.size)
-    cost_all = _float(table, "cost_usd")
+    cost_all = _float(table, fields.COST_FIELD)
     billed_rows = np.flatnonzero(mine & of_type("cost") & (trace >= 0) & ~np.isnan(cost_all))
     billed = np.bincount(trace[billed_rows], weights=cost_all[billed_rows], minlength=n_trace)
     has_bill = np.bincount(trace[billed_rows], minlength=n_trace) > 0
@@ -379,10 +383,10 @@ def _sources(sources, table, trace, lat, cost_all, billed, has_bill, by_trace, s
     t = np.maximum(trace, 0)
     traced = trace >= 0
     values: dict[str, np.ndarray] = dict(lat)
-    for name in ("prompt_tokens", "output_tokens", "device_s"):
-        if name in sources:
+    for name in fields.INFERENCE_FIELDS:
+        if name in sources and name not in values and name != fields.COST_FIELD:
             values[name] = _float(table, name)
-    values["cost_usd"] = np.where(traced & has_bill[t], billed[t], np.nan_to_num(cost_all)) if trace.size else cost_all
+    values[fields.COST_FIELD] = np.where(traced & has_bill[t], billed[t], np.nan_to_num(cost_all)) if trace.size else cost_all
     for name in ua.LABELS:
         values[name] = np.where(traced, by_trace[name][t], np.nan) if trace.size else np.full(0, np.nan)
     err = _is_error(table)

@@ -40,14 +40,16 @@ from typing import Any
 
 import numpy as np
 
+from ablab.platform import fields
+
 from . import _dist
 from .corrections import adjust
 from .metrics import MEASURE_PREFIX, CustomMetric
 
 NAN = math.nan
-RANK_TEST_METRICS: tuple[str, ...] = ("e2e_ms", "ttft_ms", "tpot_ms")
+RANK_TEST_METRICS: tuple[str, ...] = fields.RANK_TESTED
 # sources that measure the request itself: compared only where both sides succeeded
-MEASURED_SOURCES = frozenset({"e2e_ms", "ttft_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd"})
+MEASURED_SOURCES = frozenset(fields.INFERENCE_FIELDS)
 EXACT_MAX_PAIRS = 50  # scipy.stats.wilcoxon(method="auto"): exact up to 50 pairs without ties or zeros
 PERMUTATION_MAX_PAIRS = 13  # … and the exact sign-flip permutation test up to 13 pairs with them
 COVERAGE_KEYS = ("requests", "chosen", "sent", "dropped", "shadowed", "failed", "orphaned")
@@ -177,17 +179,13 @@ class ShadowMetric:
 
 
 BUILTIN_SHADOW_METRICS: tuple[ShadowMetric, ...] = (
-    ShadowMetric("e2e_ms", "e2e_ms", "mean", True),
-    ShadowMetric("ttft_ms", "ttft_ms", "mean", True),
-    ShadowMetric("tpot_ms", "tpot_ms", "mean", True),
-    ShadowMetric("prompt_tokens", "prompt_tokens", "mean", True),
-    ShadowMetric("output_tokens", "output_tokens", "mean", True),
-    ShadowMetric("cost_usd", "cost_usd", "mean", True),
+    *(ShadowMetric(name, name, "mean", fields.lower_is_better(name)) for name in fields.PAIRED_FIELDS),
     ShadowMetric("accuracy", "correct", "proportion", False),
     ShadowMetric("score", "score", "mean", False),
     ShadowMetric("error_rate", "error", "proportion", True),
     ShadowMetric("goodput", "good", "proportion", False),
 )
+"""The catalogue's paired fields (in its order), then the label and outcome metrics."""
 
 
 def shadow_metrics(spec: Any) -> tuple[ShadowMetric, ...]:

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ablab.platform.fields import SLA_METRIC
+
 PRICE_PER_DEVICE_HOUR = 2.5
 
 
@@ -121,6 +123,14 @@ def _requests(rng, req_unit, user_speed, eff, req_variant, n) -> dict[str, Any]:
         "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "device_s": device_s,
         "cost_usd": device_s * PRICE_PER_DEVICE_HOUR / 3600.0, "price_version": "2026-12-01", "error": error,
     }
+
+
+DEMO_SLOS: dict[str, float] = {"ttft_ms": 200, "tpot_ms": 25}
+"""SLOs the synthetic latencies (TTFT ≈ 120 ms, TPOT ≈ 18 ms, times a user's speed) mostly meet."""
+DEMO_GUARDRAILS: tuple[dict[str, Any], ...] = (
+    {"metric": SLA_METRIC, "max": 400}, {"metric": "accuracy", "margin": 0.02},
+)
+"""Guardrails of the demo spec (``ablab synth --config-out``)."""
 
 
 def spec_dict(

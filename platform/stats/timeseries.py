@@ -2,7 +2,7 @@
 
 Input rows carry the window table's columns (``migrations/clickhouse/0002_window_stats``
 as returned by ``ablab.streaming.store.queries.window_rows``): ``variant, window_start,
-n, errors, e2e_ms_sum, e2e_ms_sumsq, …, e2e_ms_p95, …, labeled, correct``;
+n, errors, <field>_sum, <field>_sumsq, …, <field>_p95, …, labeled, correct``;
 column names from ``ablab.platform.fields``. Each point has the
 window's own value and CI, and the running (cumulative) value, which is what a
 sequential test looks at after every window. Window percentiles do not merge, so
@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from ablab.platform.fields import timeseries_mean_columns, timeseries_quantile_columns
+from ablab.platform.fields import rum_timeseries_columns, timeseries_mean_columns, timeseries_quantile_columns
 
 from .comparisons import mean_ci
 from .engine import json_ready
@@ -30,7 +30,7 @@ WINDOW_S = 10
 # per window at query time (store/queries.py), labels likewise.
 MEAN_COLUMNS = {
     **timeseries_mean_columns(),
-    "rum_e2e_ms": ("rum_n", "rum_e2e_ms_sum", "rum_e2e_ms_sumsq"),
+    **rum_timeseries_columns(),
 }
 PROPORTION_COLUMNS = {"error_rate": ("n", "errors"), "accuracy": ("labeled", "correct")}
 QUANTILE_COLUMNS = timeseries_quantile_columns()

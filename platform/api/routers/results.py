@@ -6,6 +6,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
+from ablab.platform import fields
 from ablab.platform.analytics import service as analytics
 from ablab.platform.analytics.schemas import Attribution, Results, Timeseries
 from ablab.platform.api.deps import CurrentExperiment, SessionDep, StateDep, Viewer
@@ -25,6 +26,7 @@ def _store(state: StateDep) -> AnalyticsBackend:
 
 Store = Annotated[AnalyticsBackend, Depends(_store)]
 _ERRORS = responses(NotFound, Invalid, Unavailable)
+_METRIC_EXAMPLES = f"e.g. {fields.HEADLINE_LATENCY}, {fields.SLA_LATENCY}, error_rate, accuracy"
 
 
 @router.get("/{key}/results", response_model=Results, responses=_ERRORS)
@@ -37,7 +39,7 @@ def experiment_timeseries(
     _: Viewer,
     exp: CurrentExperiment,
     store: Store,
-    metric: Annotated[str, Query(max_length=64, description="e.g. e2e_ms, ttft_ms, error_rate, accuracy")] = "e2e_ms",
+    metric: Annotated[str, Query(max_length=64, description=_METRIC_EXAMPLES)] = fields.HEADLINE_LATENCY,
 ) -> dict[str, Any]:
     return analytics.timeseries(store.window_rows(exp.key), exp, metric=metric)
 

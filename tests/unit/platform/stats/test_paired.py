@@ -155,7 +155,7 @@ def test_analyze_pairs_each_shadow_with_its_primary_and_equals_scipy():
     rows = {(r["variant"], r["metric"]): r for r in result["shadows"]}
     assert Results.model_validate(result).shadows[0].coverage.requests == 200  # the typed model reads them
     names = [m.name for m in shadow_metrics(parse_spec(SPEC))]
-    assert names == ["e2e_ms", "ttft_ms", "tpot_ms", "prompt_tokens", "output_tokens", "cost_usd", "accuracy", "score",
+    assert names == ["e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "prompt_tokens", "output_tokens", "accuracy", "score",
                      "error_rate", "goodput", "tools", "failed"]  # no ratio, no quantile
     checks = [("e2e_ms", "e2e_ms", True), ("ttft_ms", "ttft_ms", True), ("tpot_ms", "tpot_ms", True),
               ("output_tokens", "output_tokens", True), ("cost_usd", "cost_usd", True), ("accuracy", "correct", False),

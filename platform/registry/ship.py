@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from ablab.platform.errors import Conflict, NotFound
+from ablab.platform.errors import AblabError, Conflict, NotFound, Unavailable
 from ablab.platform.registry.audit import bump_revision, record_audit
 from ablab.platform.registry.experiments import (
     _check_version,
@@ -258,7 +258,15 @@ def _gate(exp: Experiment, variant: str, request: ShipRequest, results_of: Resul
         raise ShipRefused("this API process has no analytics store (ABLAB_ANALYTICS=false), so it cannot read the "
                           f"decision a ship needs; ship through an API that reads results, {force_hint}",
                           field="analytics")
-    gate = ship_gate(results_of(to_read(exp)), variant, (exp.metrics or {}).get("primary") or ["e2e_ms"])
+    try:
+        result = results_of(to_read(exp))
+    except Exception as exc:  # the store's failure: a forced ship goes on without it; any other waits
+        why = exc.message if isinstance(exc, AblabError) else f"{type(exc).__name__}: {exc}"
+        if request.force:
+            return Gate(variant, None, [f"results could not be read: {why}"])
+        raise Unavailable(f"the results of experiment '{key}' could not be read ({why}), so its decision is unknown; "
+                          f"retry, {force_hint}", field="results") from exc
+    gate = ship_gate(result, variant, (exp.metrics or {}).get("primary") or ["e2e_ms"])
     if gate.passes or request.force:
         return gate
     why = "; ".join(gate.reasons) or "results have no decision for it yet"

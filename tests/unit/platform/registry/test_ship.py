@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from ablab.platform.assignment import assign_batch
-from ablab.platform.errors import Conflict, NotFound
+from ablab.platform.errors import Conflict, Invalid, NotFound, Unavailable
 from ablab.platform.registry import service as registry
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentRead, HoldoutCreate, LayerCreate
 from ablab.platform.registry.ship import ShipRefused, ShipRequest, current_ship, ship_gate
@@ -63,7 +63,8 @@ def _experiment(uow: UnitOfWork, key: str = "x", *then: str, **extra: Any) -> No
             registry.transition(session, key=key, action=action, actor="ed")
 
 
-def _ship(uow: UnitOfWork, variant: str = "b", results: Results | None = None, key: str = "x", **request: Any) -> Any:
+def _ship(uow: UnitOfWork, variant: str = "b", results: Callable[[ExperimentRead], Mapping[str, Any]] | None = None,
+          key: str = "x", **request: Any) -> Any:
     with uow() as session:
         return registry.ship_variant(session, key=key, request=ShipRequest(variant=variant, **request), actor="alice",
                                      results_of=results)
@@ -185,6 +186,19 @@ def test_stopped_and_draft_experiments_are_refused(unit_of_work: UnitOfWork, the
     with pytest.raises(Conflict, match=says) as refused:
         _ship(unit_of_work, results=Results(_result()), force=True, reason="even forced")
     assert refused.value.field == "status"
+
+
+def test_results_that_cannot_be_read_hold_a_ship_back_unless_forced(unit_of_work: UnitOfWork) -> None:
+    _experiment(unit_of_work)
+
+    def broken(exp: ExperimentRead) -> Mapping[str, Any]:
+        raise Invalid(f"experiment '{exp.key}' cannot be analyzed: metrics.primary: unknown metric", field="metrics")
+
+    with pytest.raises(Unavailable, match="could not be read .experiment 'x' cannot be analyzed") as refused:
+        _ship(unit_of_work, results=broken)
+    assert refused.value.field == "results"
+    shipped = _ship(unit_of_work, results=broken, force=True, reason="store down")
+    assert shipped.ship.forced and shipped.ship.decision is None and "could not be read" in shipped.ship.reasons[0]
 
 
 def test_paused_and_unknown_variants(unit_of_work: UnitOfWork) -> None:

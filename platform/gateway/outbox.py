@@ -269,7 +269,12 @@ def segmented_outbox(directory: Path, limits: OutboxLimits | None = None) -> Any
             if now - self._checked_at < 0.5:
                 return self._full_reason
             self._checked_at = now
-            total = sum(p.stat().st_size for p in self.directory.glob("*.jsonl") if p.exists())
+            total = 0
+            for p in self.directory.glob("*.jsonl"):
+                try:
+                    total += p.stat().st_size
+                except FileNotFoundError:  # pruned by the forwarder meanwhile
+                    pass
             stat = os.statvfs(self.directory)
             free = stat.f_bavail * stat.f_frsize
             reason = None
@@ -375,7 +380,7 @@ class GroupShipper:
 def outbox_refusal(state: Any, *, operation: str, trace_id: str) -> Any:
     """The 503 a gateway answers while its outbox is full (None while it has room): a request
     is refused before it reaches a backend, never answered with its events dropped. Counted in
-    ``ablab_gateway_requests_total{error="outbox_full"}`` and logged when the state changes."""
+    ``ablab_gateway_requests_total{outcome="outbox_full"}`` and logged when the state changes."""
     full = getattr(state.outbox, "full", None)
     reason = full() if full is not None else None
     if reason is None:

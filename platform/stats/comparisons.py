@@ -217,7 +217,7 @@ def cuped_mean_test(
     if mom_c[0] < 3 or mom_t[0] < 3:
         return _failed("cuped", NAN, NAN, "not_enough_data")
 
-    def var(n, s, ss):
+    def var(n: float, s: float, ss: float) -> float:
         return (ss - s * s / n) / (n - 1)
 
     n, sv, svv, sc, scc, svc = (a + b for a, b in zip(mom_c, mom_t))
@@ -225,7 +225,7 @@ def cuped_mean_test(
     theta = (svc - sv * sc / n) / (n - 1) / pre_var if pre_var > 0 and var(n, sv, svv) > 0 else 0.0
     pooled_pre = sc / n
 
-    def arm(m):
+    def arm(m: tuple[float, float, float, float, float, float]) -> tuple[float, float, float, float, float, float]:
         n, sv, svv, sc, scc, svc = m
         cov = (svc - sv * sc / n) / (n - 1)
         adj = var(n, sv, svv) + theta**2 * var(n, sc, scc) - 2 * theta * cov

@@ -1,8 +1,8 @@
 """Guardrails (SLA and non-inferiority), the per-variant decision, and breach detection.
 
-All pure: they read the engine's metric rows (dicts keyed as in the analysis output)
-and return plain data with the reasons spelled out, so the API and the audit log can
-show *why* a variant shipped, stopped or got paused.
+All pure: they read the engine's metric rows (:class:`.result_models.MetricRow`) and
+return result models with the reasons spelled out, so the API and the audit log can show
+*why* a variant shipped, stopped or got paused.
 """
 
 from __future__ import annotations
@@ -11,9 +11,10 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from . import result_models as rm
 from .spec import ExperimentSpec, Guardrail
 
-Row = Mapping[str, Any]
+Row = rm.MetricRow
 
 
 def _fmt(x: float | None) -> str:
@@ -26,11 +27,17 @@ def _finite(*xs: float | None) -> bool:
     return all(x is not None and math.isfinite(x) for x in xs)
 
 
+def _bounds(interval: list[float | int | None]) -> tuple[float, float] | None:
+    lo, hi = interval
+    return (float(lo), float(hi)) if lo is not None and hi is not None and _finite(lo, hi) else None
+
+
 def _sla(g: Guardrail, row: Row) -> tuple[str, str]:
-    lo, hi = row["ci"]
-    est = row["estimate"]
-    if not _finite(lo, hi):
+    bounds = _bounds(row.ci)
+    est = row.estimate
+    if bounds is None:
         return "inconclusive", f"{g.metric}: no data yet"
+    lo, hi = bounds
     shown = f"{g.metric} = {_fmt(est)} (CI {_fmt(lo)}–{_fmt(hi)})"
     if g.max is not None and lo > g.max:
         return "fail", f"{shown} is above the SLA max {_fmt(g.max)}"
@@ -43,11 +50,12 @@ def _sla(g: Guardrail, row: Row) -> tuple[str, str]:
 
 def _non_inferiority(spec: ExperimentSpec, g: Guardrail, row: Row) -> tuple[str, str]:
     lower_is_better = spec.metric_def(g.metric).lower_is_better
-    lo, hi = row["rel_ci"] if g.relative else row["abs_ci"]
-    diff = row["rel_diff"] if g.relative else row["abs_diff"]
+    bounds = _bounds(row.rel_ci if g.relative else row.abs_ci)
+    diff = row.rel_diff if g.relative else row.abs_diff
     unit = "relative" if g.relative else "absolute"
-    if not _finite(lo, hi):
-        return "inconclusive", f"{g.metric}: no comparison yet ({row.get('error') or 'no data'})"
+    if bounds is None or g.margin is None:
+        return "inconclusive", f"{g.metric}: no comparison yet ({row.error or 'no data'})"
+    lo, hi = bounds
     shown = f"{g.metric} {unit} change {_fmt(diff)} (CI {_fmt(lo)}–{_fmt(hi)})"
     m = g.margin
     if lower_is_better:
@@ -63,7 +71,7 @@ def _non_inferiority(spec: ExperimentSpec, g: Guardrail, row: Row) -> tuple[str,
     return "inconclusive", f"{shown}: not yet shown non-inferior (margin {_fmt(m)})"
 
 
-def evaluate_guardrails(spec: ExperimentSpec, rows: Mapping[tuple[str, str], Row]) -> list[dict[str, Any]]:
+def evaluate_guardrails(spec: ExperimentSpec, rows: Mapping[tuple[str, str], Row]) -> list[rm.Guardrail]:
     out = []
     for g in spec.guardrails:
         variants = [v.key for v in spec.variants] if g.kind == "sla" else spec.treatments
@@ -73,30 +81,22 @@ def evaluate_guardrails(spec: ExperimentSpec, rows: Mapping[tuple[str, str], Row
                 continue
             status, reason = _sla(g, row) if g.kind == "sla" else _non_inferiority(spec, g, row)
             threshold = g.margin if g.kind == "non_inferiority" else (g.max if g.max is not None else g.min)
-            out.append(
-                {
-                    "variant": variant,
-                    "metric": g.metric,
-                    "kind": g.kind,
-                    "threshold": threshold,
-                    "relative": g.relative,
-                    "status": status,
-                    "pause": g.pause and variant != spec.control,
-                    "reason": reason,
-                }
-            )
+            out.append(rm.Guardrail(
+                variant=variant, metric=g.metric, kind=g.kind, threshold=threshold, relative=g.relative,
+                status=status, pause=g.pause and variant != spec.control, reason=reason,
+            ))
     return out
 
 
 def _primary_verdict(spec: ExperimentSpec, row: Row) -> tuple[str, str]:
-    name = row["metric"]
-    p = row.get("p_value_adjusted")
-    p = row.get("p_value") if p is None or not math.isfinite(p) else p
-    diff, rel = row.get("abs_diff"), row.get("rel_diff")
-    if not _finite(p, diff):
-        return "unknown", f"{name}: no comparison yet ({row.get('error') or 'no data'})"
+    name = row.metric
+    p = row.p_value_adjusted
+    p = row.p_value if p is None or not math.isfinite(p) else p
+    diff, rel = row.abs_diff, row.rel_diff
+    if p is None or diff is None or not _finite(p, diff):
+        return "unknown", f"{name}: no comparison yet ({row.error or 'no data'})"
     better = (diff < 0) == spec.metric_def(name).lower_is_better
-    change = f"{_fmt(100 * rel)}%" if _finite(rel) else _fmt(diff)
+    change = f"{_fmt(100 * rel)}%" if rel is not None and _finite(rel) else _fmt(diff)
     if p < spec.alpha:
         word = "better" if better else "worse"
         return word, f"{name} {word} than control: {change} (p_adj = {_fmt(p)})"
@@ -106,12 +106,12 @@ def _primary_verdict(spec: ExperimentSpec, row: Row) -> tuple[str, str]:
 def decide(
     spec: ExperimentSpec,
     rows: Mapping[tuple[str, str], Row],
-    guardrails: Iterable[Mapping[str, Any]],
+    guardrails: Iterable[rm.Guardrail],
     *,
     srm_flagged: bool,
     srm_p: float | None,
     coverage_flagged: bool,
-) -> list[dict[str, Any]]:
+) -> list[rm.Decision]:
     """ship / no_ship / keep_running per treatment, each with its reasons."""
     guardrails = list(guardrails)
     decisions = []
@@ -122,12 +122,12 @@ def decide(
         if srm_flagged:
             blockers.append(f"sample ratio mismatch (p = {_fmt(srm_p)}): the split is broken, results are not trustworthy")
         for g in guardrails:
-            if g["variant"] != variant:
+            if g.variant != variant:
                 continue
-            if g["status"] == "fail":
-                blockers.append(f"guardrail breached: {g['reason']}")
-            elif g["status"] == "inconclusive":
-                waits.append(f"guardrail pending: {g['reason']}")
+            if g.status == "fail":
+                blockers.append(f"guardrail breached: {g.reason}")
+            elif g.status == "inconclusive":
+                waits.append(f"guardrail pending: {g.reason}")
         uses_accuracy = any(m in ("accuracy", "cost_per_correct") for m in spec.primary) or any(
             g.metric in ("accuracy", "cost_per_correct") for g in spec.guardrails
         )
@@ -145,12 +145,15 @@ def decide(
             decision, reasons = "ship", [*wins, "all guardrails pass" if spec.guardrails else "no guardrails configured"]
         else:
             decision, reasons = "keep_running", [*waits, *wins]
-        decisions.append({"variant": variant, "decision": decision, "reasons": reasons})
+        decisions.append(rm.Decision(variant=variant, decision=decision, reasons=reasons))
     return decisions
 
 
-def guardrail_breaches(result: Mapping[str, Any]) -> list[dict[str, str]]:
-    """Variants to pause now, and why, from an analysis result (the API wires the pausing)."""
+def guardrail_breaches(result: rm.Results | Mapping[str, Any]) -> list[dict[str, str]]:
+    """Variants to pause now, and why, from an analysis result (the models, or their JSON
+    as the results service returns it; the API wires the pausing)."""
+    if isinstance(result, rm.Results):
+        result = result.model_dump(mode="json")
     out: dict[str, dict[str, str]] = {}
     for g in result.get("guardrails", []):
         if g["status"] == "fail" and g.get("pause") and g["variant"] != result.get("control"):

@@ -1,6 +1,5 @@
 """The typed shapes of results, time series and attribution read what the engine builds,
-keep every value, and accept the fields the analysis gains (custom metrics, CUPED, power,
-segments) without a schema change."""
+keep every value, and are closed: a field they do not declare is refused."""
 
 from __future__ import annotations
 
@@ -83,17 +82,18 @@ def test_results_accept_the_analysis_additions() -> None:
     assert typed.power is not None and typed.power.n_needed == 1200 and typed.power.seconds_to_decision is None
     assert results.segments[0].rows[0].value == "math" and results.segments[0].heterogeneity[0].q == 1.2
     _same(results.model_dump(mode="json"), built)
-    # a field the engine adds later passes through; a wrong type does not
-    assert MetricRow.model_validate({"metric": "m", "variant": "v", "later": 1}).get("later") == 1
+    # closed: a field the shapes do not declare is refused, as is a wrong type
+    with pytest.raises(ValidationError, match="later"):
+        MetricRow.model_validate({"metric": "m", "variant": "v", "later": 1})
     with pytest.raises(ValidationError):
         MetricRow.model_validate({"metric": "m", "variant": "v", "aggregation": "median"})
 
 
 def test_rows_read_like_the_json_they_came_from() -> None:
     # the dashboard's views index rows by name; the typed rows answer the same way
-    row = MetricRow.model_validate({"metric": "e2e_ms", "variant": "b", "p_value": 0.2, "extra_field": "x"})
+    row = MetricRow.model_validate({"metric": "e2e_ms", "variant": "b", "p_value": 0.2})
     assert row["p_value"] == row.get("p_value") == row.p_value == 0.2
-    assert row.get("estimate", "none") == "none" and row["extra_field"] == "x" and "extra_field" in row
+    assert row.get("estimate", "none") == "none" and "p_value" in row and "nope" not in row
     with pytest.raises(KeyError):
         row["nope"]
 

@@ -142,3 +142,23 @@ def experiment_events(env: Environment, router: Decider, rng: np.random.Generato
         events.append({"v": 1, "type": "feedback", "ts": ts, "trace_id": trace, "correct": int(correct[i]),
                        "source": "judge"})
     return events, spec
+
+
+def router_policy(env: Environment | None = None, *, explore: float = 0.05, slo_ms: float = 400.0) -> Any:
+    """The environment's SLO router: its arms, prompt_tokens and attr.plan, TTFT p95 ≤ ``slo_ms``, accuracy."""
+    from .spec import parse_policy
+
+    env = env or Environment()
+    return parse_policy({"kind": "slo_router", "arms": {a: {"system_prompt": f"You are {a}."} for a in env.arms},
+                         "features": ["prompt_tokens", "attr.plan"], "slo": {"ttft_ms_p95": slo_ms},
+                         "objective": "accuracy", "explore": explore})
+
+
+def fit_after_exploring(policy: Any, env: Environment | None = None, *, seed: int = 1, n: int = 6000) -> Any:
+    """The router's model after a uniform exploration phase of ``n`` requests (its start without a model)."""
+    from .model import fit_model
+
+    env = env or Environment()
+    logs = simulate_logs(env, Decider(policy), np.random.default_rng(seed), n, n // 10)
+    return fit_model(policy, logs.action, logs.features, {"ttft_ms": logs.values["ttft_ms"]}, logs.values["correct"],
+                     lower_is_better=False)

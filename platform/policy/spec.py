@@ -346,7 +346,7 @@ class _Region:
         return mine is None and self.excluded <= other.excluded
 
 
-def _region(feature: str, cond: Condition) -> _Region:
+def _region(feature: str, cond: Condition, where: str = "") -> _Region:
     numeric = is_numeric(feature)
     r = _Region()
     values = cond.model_dump(by_alias=True, exclude_none=True)
@@ -354,7 +354,7 @@ def _region(feature: str, cond: Condition) -> _Region:
         items = value if isinstance(value, list) else [value]
         if numeric:
             if any(isinstance(v, str) for v in items):
-                raise _err("condition", f"{feature}.{op}: {feature} is a token count; compare it with numbers")
+                raise _err("condition", f"{where}{feature}.{op}: {feature} is a token count; compare it with numbers")
             nums = [float(v) for v in items]
             if op == "lt":
                 r.hi = min(r.hi, math.ceil(nums[0]) - 1)
@@ -376,7 +376,7 @@ def _region(feature: str, cond: Condition) -> _Region:
                 r.out = r.out | frozenset(v for v in nums if v.is_integer())
         else:
             if op in ("lt", "le", "gt", "ge"):
-                raise _err("condition", f"{feature}.{op}: attributes are text; use eq, ne, in or not_in")
+                raise _err("condition", f"{where}{feature}.{op}: attributes are text; use eq, ne, in or not_in")
             texts = frozenset(str(v) for v in items)
             if op in ("eq", "in"):
                 r.allowed = texts if r.allowed is None else r.allowed & texts
@@ -416,7 +416,7 @@ class RulePolicy(_PolicyBase):
                     check_feature(feature)
                 except ValueError as exc:
                     raise _err("rules", f"rules.{i}.when.{feature}: {exc}") from None
-                region[feature] = _region(feature, cond)
+                region[feature] = _region(feature, cond, f"rules.{i}.when.")
                 if region[feature].empty(is_numeric(feature)):
                     raise _err("rules", f"rules.{i}.when.{feature}: no value satisfies this condition, so the rule "
                                "can select nothing")

@@ -7,31 +7,36 @@ would dominate ``ablab analyze``; these are the same numerical routines undernea
 from __future__ import annotations
 
 import math
+from typing import Any
 
+from numpy.typing import NDArray
 from scipy import special
 
+# Each takes a float or an array and answers in kind (scipy's ufuncs), hence ``Any``.
+Values = float | NDArray[Any]
 
-def norm_sf(x):
+
+def norm_sf(x: Values) -> Any:
     return special.ndtr(-x)
 
 
-def norm_ppf(p):
+def norm_ppf(p: Values) -> Any:
     return special.ndtri(p)
 
 
-def t_sf(x, df):
+def t_sf(x: Values, df: Values) -> Any:
     return special.stdtr(df, -x)
 
 
-def t_ppf(p, df):
+def t_ppf(p: Values, df: Values) -> Any:
     return special.stdtrit(df, p)
 
 
-def chi2_sf(x, df):
+def chi2_sf(x: Values, df: Values) -> Any:
     return special.chdtrc(df, x)
 
 
-def binom_cdf(k, n, p) -> float:
+def binom_cdf(k: int, n: int, p: float) -> float:
     return float(special.bdtr(k, n, p)) if k >= 0 else 0.0
 
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _dist
 
@@ -36,7 +37,7 @@ def srm_check(counts: Mapping[str, float], weights: Mapping[str, float], *, thre
     return SrmResult(p, stat, p < threshold, dict(zip(keys, observed.tolist())), dict(zip(keys, expected.tolist())))
 
 
-def _clean(p_values: Sequence[float | None]) -> tuple[np.ndarray, np.ndarray]:
+def _clean(p_values: Sequence[float | None]) -> tuple[NDArray[np.float64], NDArray[np.intp]]:
     p = np.array([math.nan if v is None else float(v) for v in p_values])
     return p, np.flatnonzero(np.isfinite(p))
 
@@ -50,7 +51,8 @@ def holm(p_values: Sequence[float | None]) -> list[float]:
         order = idx[np.argsort(p[idx], kind="stable")]
         adj = np.maximum.accumulate((m - np.arange(m)) * p[order])
         out[order] = np.minimum(adj, 1.0)
-    return out.tolist()
+    adjusted: list[float] = out.tolist()
+    return adjusted
 
 
 def benjamini_hochberg(p_values: Sequence[float | None]) -> list[float]:
@@ -63,7 +65,8 @@ def benjamini_hochberg(p_values: Sequence[float | None]) -> list[float]:
         scaled = p[order] * m / np.arange(1, m + 1)
         adj = np.minimum.accumulate(scaled[::-1])[::-1]
         out[order] = np.minimum(adj, 1.0)
-    return out.tolist()
+    adjusted: list[float] = out.tolist()
+    return adjusted
 
 
 def adjust(p_values: Sequence[float | None], method: str) -> list[float]:

@@ -16,12 +16,14 @@ Rules (so nothing is lost or double-counted):
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from numpy.typing import NDArray
 
 from ablab.platform import fields
 from ablab.platform.fields import fields_of
@@ -33,6 +35,7 @@ from .engine import analyze
 from .metrics import DIM_PREFIX, MEASURE_PREFIX
 from .spec import ExperimentSpec
 
+Array = NDArray[Any]  # one value per event row, unit or code
 EVENT_TYPES = ("exposure", "inference", "rum", "feedback", "cost")
 LATENCIES = fields.LATENCY_FIELDS
 REJECT_REASONS = ("", "unknown_type", "missing_trace_or_unit", "negative_latency", "unknown_variant", "bad_feedback",
@@ -49,7 +52,7 @@ COLUMNS = (
 
 @dataclass(eq=False)
 class OfflineAggregates:
-    units: dict[str, np.ndarray]
+    units: dict[str, Array]
     stats: dict[str, VariantStats]
     exposures: dict[str, float] | None
     data_quality: dict[str, Any]
@@ -76,7 +79,7 @@ def to_table(events: Any) -> pa.Table:
     return pa.Table.from_pandas(frame, preserve_index=False)
 
 
-def _encode(table: pa.Table, name: str, *, labels: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def _encode(table: pa.Table, name: str, *, labels: bool = True) -> tuple[Array, Array]:
     """Dictionary codes (−1 = null/absent) and the labels they index (skipped for ids:
     a million Python strings cost more than the whole aggregation)."""
     if name not in table.column_names:
@@ -100,7 +103,7 @@ def _encode(table: pa.Table, name: str, *, labels: bool = True) -> tuple[np.ndar
     return codes, dictionary
 
 
-def _out_of_bounds(table: pa.Table, event_type: str) -> np.ndarray:
+def _out_of_bounds(table: pa.Table, event_type: str) -> Array:
     """Rows where a field that ``event_type`` events carry is present and outside its
     catalogue bounds (``ablab.platform.fields``), infinities included."""
     bad = np.zeros(table.num_rows, dtype=bool)
@@ -111,18 +114,20 @@ def _out_of_bounds(table: pa.Table, event_type: str) -> np.ndarray:
     return bad
 
 
-def _float(table: pa.Table, name: str) -> np.ndarray:
+def _float(table: pa.Table, name: str) -> Array:
     if name not in table.column_names:
         return np.full(table.num_rows, np.nan)
     col = table[name]
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         import pandas as pd
 
-        return pd.to_numeric(col.to_pandas(), errors="coerce").to_numpy(dtype=float)
-    return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+        parsed: Array = pd.to_numeric(col.to_pandas(), errors="coerce").to_numpy(dtype=float)
+        return parsed
+    out: Array = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False)
+    return out
 
 
-def _timestamps_ms(table: pa.Table) -> np.ndarray:
+def _timestamps_ms(table: pa.Table) -> Array:
     """Event time in epoch ms (NaN when absent or unparseable)."""
     if "ts" not in table.column_names:
         return np.full(table.num_rows, np.nan)
@@ -135,21 +140,23 @@ def _timestamps_ms(table: pa.Table) -> np.ndarray:
 
         parsed = pd.to_datetime(col.to_pandas(), utc=True, errors="coerce", format="ISO8601")
         ts = pc.cast(pa.array(parsed), target, safe=False)
-    return pc.cast(ts, pa.int64()).to_numpy(zero_copy_only=False).astype(float)
+    ms: Array = pc.cast(ts, pa.int64()).to_numpy(zero_copy_only=False).astype(float)
+    return ms
 
 
-def _is_error(table: pa.Table) -> np.ndarray:
+def _is_error(table: pa.Table) -> Array:
     """:data:`.unit_agg.ERROR_RULE`: ``error`` present and not empty (booleans: true)."""
     if "error" not in table.column_names:
         return np.zeros(table.num_rows, dtype=bool)
     col = table["error"]
     if pa.types.is_boolean(col.type):
-        return pc.fill_null(col, False).to_numpy(zero_copy_only=False)
+        flags: Array = pc.fill_null(col, False).to_numpy(zero_copy_only=False)
+        return flags
     if pa.types.is_null(col.type):
         return np.zeros(table.num_rows, dtype=bool)
     s = pc.cast(col, pa.string())
-    flagged = pc.and_(pc.is_valid(s), pc.not_equal(s, ""))
-    return pc.fill_null(flagged, False).to_numpy(zero_copy_only=False)
+    flagged: Array = pc.fill_null(pc.and_(pc.is_valid(s), pc.not_equal(s, "")), False).to_numpy(zero_copy_only=False)
+    return flagged
 
 
 def _nested(table: pa.Table, column: str, key: str) -> pa.Array | None:
@@ -171,14 +178,15 @@ def _nested(table: pa.Table, column: str, key: str) -> pa.Array | None:
     return None
 
 
-def _measure(table: pa.Table, name: str) -> np.ndarray:
+def _measure(table: pa.Table, name: str) -> Array:
     col = _nested(table, "measures", name)
     if col is None or pa.types.is_null(col.type):
         return np.full(table.num_rows, np.nan)
-    return pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(float)
+    out: Array = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(float)
+    return out
 
 
-def _dim(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
+def _dim(table: pa.Table, name: str) -> tuple[Array, Array]:
     """(values as str, present) of ``dims.<name>``."""
     col = _nested(table, "dims", name)
     if col is None or pa.types.is_null(col.type):
@@ -188,7 +196,7 @@ def _dim(table: pa.Table, name: str) -> tuple[np.ndarray, np.ndarray]:
     return pc.fill_null(col, "").to_numpy(zero_copy_only=False), present
 
 
-def _first_of(codes: np.ndarray, order: np.ndarray | None = None) -> np.ndarray:
+def _first_of(codes: Array, order: Array | None = None) -> Array:
     """Positions of the first row of each distinct non-negative code (in ``order`` if given)."""
     seq = codes if order is None else codes[order]
     if not seq.size:
@@ -209,9 +217,10 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
 
     type_codes, type_labels = _encode(table, "type")
 
-    def of_type(name: str) -> np.ndarray:
+    def of_type(name: str) -> Array:
         hits = np.flatnonzero(type_labels == name)
-        return type_codes == (hits[0] if hits.size else -2)
+        rows: Array = type_codes == (hits[0] if hits.size else -2)
+        return rows
 
     exp_codes, exp_labels = _encode(table, "experiment")
     own = np.isin(exp_labels, [spec.key])
@@ -289,7 +298,7 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     has_inf = np.zeros(n_trace, dtype=bool)
     has_inf[trace[deduped]] = True
     has_inf[trace[shadow_rows]] = True  # a shadow's own labels grade the shadow (issue 34)
-    by_trace: dict[str, np.ndarray] = {}
+    by_trace: dict[str, Array] = {}
     orphans = np.zeros(0, dtype=np.int64)
     for name, col in (("correct", correct_all), ("score", score_all)):
         rows = fb_rows[~np.isnan(col[fb_rows])]
@@ -340,7 +349,10 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     return OfflineAggregates(units, stats, exposures, quality, rejected, segments, histograms, shadows)
 
 
-def _shadow_pairs(spec, table, values, keep, shadow_rows, var_codes, var_labels, shadow_kind) -> pr.ShadowPairs:
+def _shadow_pairs(
+    spec: ExperimentSpec, table: pa.Table, values: Mapping[str, Array], keep: Array, shadow_rows: Array,
+    var_codes: Array, var_labels: Array, shadow_kind: tuple[Array, Array],
+) -> pr.ShadowPairs:
     """Each kept shadow request with its primary: the kept in-period request whose
     ``trace_id`` is the shadow's ``shadow_of`` (:class:`.paired.ShadowPairs`)."""
     sources = pr.shadow_sources(spec)
@@ -357,7 +369,7 @@ def _shadow_pairs(spec, table, values, keep, shadow_rows, var_codes, var_labels,
     theirs = var_labels[var_codes[np.maximum(primary_rows, 0)]] if shadow_rows.size else own
     variant = np.where(paired, theirs, own).astype(object)
 
-    def side(rows: np.ndarray, ok: np.ndarray) -> dict[str, np.ndarray]:
+    def side(rows: Array, ok: Array) -> dict[str, Array]:
         return {s: np.where(ok, values[s][np.maximum(rows, 0)], np.nan) if rows.size else np.zeros(0) for s in sources}
 
     requests: dict[str, dict[str, int]] = {}
@@ -378,11 +390,14 @@ def _shadow_pairs(spec, table, values, keep, shadow_rows, var_codes, var_labels,
                           side(shadow_rows, np.ones(shadow_rows.size, dtype=bool)), requests)
 
 
-def _sources(sources, table, trace, lat, cost_all, billed, has_bill, by_trace, spec) -> dict[str, np.ndarray]:
+def _sources(
+    sources: Sequence[str], table: pa.Table, trace: Array, lat: Mapping[str, Array], cost_all: Array, billed: Array,
+    has_bill: Array, by_trace: Mapping[str, Array], spec: ExperimentSpec,
+) -> dict[str, Array]:
     """Every source read (the plan's, and the paired analysis's), one float per event row (NaN: absent)."""
     t = np.maximum(trace, 0)
     traced = trace >= 0
-    values: dict[str, np.ndarray] = dict(lat)
+    values: dict[str, Array] = dict(lat)
     for name in fields.INFERENCE_FIELDS:
         if name in sources and name not in values and name != fields.COST_FIELD:
             values[name] = _float(table, name)
@@ -398,13 +413,19 @@ def _sources(sources, table, trace, lat, cost_all, billed, has_bill, by_trace, s
     return values
 
 
-def _units(plan, values, rows, var_codes, var_labels, unit, *extra) -> dict[str, Any]:
+def _units(
+    plan: ua.UnitPlan, values: Mapping[str, Array], rows: Array, var_codes: Array, var_labels: Array, unit: Array,
+    *extra: Array,
+) -> dict[str, Array]:
     out = ua.per_unit_numpy(plan, values, rows, var_codes[rows], unit[rows], *extra)
     out["variant"] = var_labels[var_codes[rows][out["_first"]]] if rows.size else np.array([], dtype=object)
     return out
 
 
-def _segments(plan, table, values, keep, var_codes, var_labels, unit, pre, spec):
+def _segments(
+    plan: ua.UnitPlan, table: pa.Table, values: Mapping[str, Array], keep: Array, var_codes: Array, var_labels: Array,
+    unit: Array, pre: Mapping[str, Array] | None, spec: ExperimentSpec,
+) -> dict[str, dict[str, dict[str, VariantStats]]]:
     """dimension → value → variant → stats: per-unit rows of each value (top 20, "(other)", "(none)")."""
     out: dict[str, dict[str, dict[str, VariantStats]]] = {}
     for dim in plan.segments:
@@ -424,7 +445,9 @@ def _segments(plan, table, values, keep, var_codes, var_labels, unit, pre, spec)
     return out
 
 
-def _exposures(spec, rows_mask, unit_codes, var_codes, var_labels) -> dict[str, float] | None:
+def _exposures(
+    spec: ExperimentSpec, rows_mask: Array, unit_codes: Array, var_codes: Array, var_labels: Array,
+) -> dict[str, float] | None:
     rows = np.flatnonzero(rows_mask & (unit_codes >= 0) & (var_codes >= 0))
     if spec.request_randomized or not rows.size:
         return None

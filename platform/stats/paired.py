@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ablab.platform import fields
 
@@ -68,7 +69,7 @@ class PairedT:
     p_value: float
 
 
-def paired_t(d: np.ndarray, *, alpha: float = 0.05) -> PairedT:
+def paired_t(d: NDArray[Any], *, alpha: float = 0.05) -> PairedT:
     """The paired t-test on differences ``d`` (``scipy.stats.ttest_rel(shadow, primary)`` and
     its ``confidence_interval(1 - alpha)``). Fewer than two pairs: no p-value nor interval.
     Differences without variance: the interval is the difference itself, p = 0 when it is
@@ -90,7 +91,7 @@ def paired_t(d: np.ndarray, *, alpha: float = 0.05) -> PairedT:
     return PairedT(n, mean, sd, (mean - half, mean + half), min(p, 1.0))
 
 
-def sign_test(d: np.ndarray) -> float:
+def sign_test(d: NDArray[Any]) -> float:
     """Two-sided sign test: zero differences dropped, the positive ones ~ Binomial(n, ½)
     (``scipy.stats.binomtest(k, n).pvalue``). NaN without a non-zero difference."""
     d = np.asarray(d, dtype=float)
@@ -104,14 +105,14 @@ def sign_test(d: np.ndarray) -> float:
     return min(1.0, 2 * _dist.binom_cdf(k, n, 0.5))
 
 
-def _average_ranks(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _average_ranks(a: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]]:
     """Ranks 1..n of ``a`` with ties given their average rank; and the tie group sizes."""
     _, inverse, counts = np.unique(a, return_inverse=True, return_counts=True)
     ends = np.cumsum(counts).astype(float)
     return (ends - (counts - 1) / 2.0)[inverse], counts
 
 
-def _signed_rank_counts(n: int) -> np.ndarray:
+def _signed_rank_counts(n: int) -> NDArray[Any]:
     """How many of the 2^n sign patterns give each rank sum W+ = 0..n(n+1)/2 (no ties)."""
     counts = np.zeros(n * (n + 1) // 2 + 1)
     counts[0] = 1.0
@@ -122,7 +123,7 @@ def _signed_rank_counts(n: int) -> np.ndarray:
     return counts
 
 
-def wilcoxon_signed_rank(d: np.ndarray) -> float:
+def wilcoxon_signed_rank(d: NDArray[Any]) -> float:
     """Two-sided Wilcoxon signed-rank p-value of differences ``d``, as
     ``scipy.stats.wilcoxon(shadow, primary)`` gives it with its defaults (zero differences
     dropped; the method chosen as ``method="auto"`` chooses it). NaN without a non-zero
@@ -220,11 +221,11 @@ class ShadowPairs:
     ``requests``: per variant, :data:`REQUEST_COUNTS` over the variant's requests.
     """
 
-    variant: np.ndarray
-    paired: np.ndarray
-    primary_key: np.ndarray
-    primary: dict[str, np.ndarray]
-    shadow: dict[str, np.ndarray]
+    variant: NDArray[Any]
+    paired: NDArray[Any]
+    primary_key: NDArray[Any]
+    primary: dict[str, NDArray[Any]]
+    shadow: dict[str, NDArray[Any]]
     requests: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
@@ -245,7 +246,7 @@ def coverage(pairs: ShadowPairs, variant: str) -> dict[str, int]:
     }
 
 
-def _differences(pairs: ShadowPairs, m: ShadowMetric, paired: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _differences(pairs: ShadowPairs, m: ShadowMetric, paired: NDArray[Any]) -> tuple[NDArray[Any], NDArray[Any]]:
     p, s = pairs.primary[m.source][paired], pairs.shadow[m.source][paired]
     ok = ~np.isnan(p) & ~np.isnan(s)
     if m.success_only:
@@ -253,7 +254,7 @@ def _differences(pairs: ShadowPairs, m: ShadowMetric, paired: np.ndarray) -> tup
     return p[ok], s[ok]
 
 
-def metric_row(m: ShadowMetric, primary: np.ndarray, shadow: np.ndarray, *, alpha: float) -> dict[str, Any]:
+def metric_row(m: ShadowMetric, primary: NDArray[Any], shadow: NDArray[Any], *, alpha: float) -> dict[str, Any]:
     """One (variant, metric) row from the metric's pairs (equal-length arrays)."""
     d = shadow - primary
     t = paired_t(d, alpha=alpha)
@@ -292,8 +293,8 @@ def shadow_rows(spec: Any, pairs: ShadowPairs, *, alpha: float | None = None,
         for m in metrics:
             p, s = _differences(pairs, m, paired)
             rows.append({"variant": v, **metric_row(m, p, s, alpha=alpha), "coverage": dict(cov)})
-    for r, p in zip(rows, adjust([r["p_value"] for r in rows], correction or spec.correction)):
-        r["p_value_adjusted"] = p
+    for r, adjusted in zip(rows, adjust([r["p_value"] for r in rows], correction or spec.correction)):
+        r["p_value_adjusted"] = adjusted
     return rows
 
 

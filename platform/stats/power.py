@@ -37,7 +37,7 @@ def n_per_variant(sigma2_control: float, sigma2_variant: float, delta: float, *,
         u -= step
         if abs(step) < 1e-12:
             break
-    return u * u * (sigma2_control + sigma2_variant) / (delta * delta)
+    return float(u * u * (sigma2_control + sigma2_variant) / (delta * delta))
 
 
 def _pdf(x: float) -> float:
@@ -69,6 +69,8 @@ def power_row(
     if n_needed is not None:
         if n >= n_needed:
             seconds = 0.0
-        elif all(r is not None and r > 0 for r in rates):
-            seconds = max(max(n_needed - have, 0.0) / rate for have, rate in zip((n_c, n_t), rates))
+        else:
+            known = [r for r in rates if r is not None and r > 0]
+            if len(known) == len(rates):  # both arms' rates are known
+                seconds = max(max(n_needed - have, 0.0) / rate for have, rate in zip((n_c, n_t), known))
     return {"mde_rel": mde_rel, "n_needed": n_needed, "n": n, "seconds_to_decision": seconds}

@@ -17,6 +17,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from . import _dist
 from .sufficient import HistogramStats
@@ -55,7 +56,7 @@ def quantile_ci(
     return QuantileEstimate(n, quantile, est, lo, hi, (hi - lo) / (2 * z))
 
 
-def sample_quantile_ci(values: np.ndarray, quantile: float, *, alpha: float = 0.05) -> QuantileEstimate:
+def sample_quantile_ci(values: ArrayLike, quantile: float, *, alpha: float = 0.05) -> QuantileEstimate:
     """Exact order statistics of a raw sample (reference for the histogram version)."""
     v = np.sort(np.asarray(values, dtype=float))
     n = v.size

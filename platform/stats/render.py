@@ -68,7 +68,7 @@ def _power(r: Mapping[str, Any]) -> str:
 
 
 def _method(r: Mapping[str, Any]) -> str:
-    text = r["method"] + (f" ({r['error']})" if r.get("error") else "")
+    text = str(r["method"]) + (f" ({r['error']})" if r.get("error") else "")
     cu = r.get("cuped")
     if cu:
         text += f" θ={_num(cu['theta'], 3)} −{_num(100 * cu['variance_reduction'], 3) if cu['variance_reduction'] is not None else '–'}% var"

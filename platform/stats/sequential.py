@@ -15,8 +15,10 @@ s² = V·N the per-unit variance and ρ² tuned so the sequence is tightest at
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
+from numpy.typing import ArrayLike, NDArray
 
 DEFAULT_TUNING_N = 5_000.0
 
@@ -26,11 +28,15 @@ def mixture_rho2(alpha: float, tuning_n: float) -> float:
     return (a + math.log(a + 1.0)) / tuning_n
 
 
-def _tau2(variance, n_total, alpha, tuning_n):
-    return mixture_rho2(alpha, tuning_n) * np.asarray(variance) * np.asarray(n_total)
+def _tau2(variance: ArrayLike, n_total: ArrayLike, alpha: float, tuning_n: float) -> NDArray[np.float64]:
+    tau2: NDArray[np.float64] = mixture_rho2(alpha, tuning_n) * np.asarray(variance, dtype=float) * np.asarray(n_total, dtype=float)
+    return tau2
 
 
-def msprt_p_value(estimate, variance, n_total, *, alpha: float = 0.05, tuning_n: float = DEFAULT_TUNING_N):
+# Vectorized: a float for scalars, an array for arrays (hence ``Any`` out).
+def msprt_p_value(
+    estimate: ArrayLike, variance: ArrayLike, n_total: ArrayLike, *, alpha: float = 0.05, tuning_n: float = DEFAULT_TUNING_N
+) -> Any:
     """Always-valid p-value for H0: Δ = 0 (vectorized over arrays)."""
     est = np.asarray(estimate, dtype=float)
     v = np.asarray(variance, dtype=float)
@@ -41,7 +47,9 @@ def msprt_p_value(estimate, variance, n_total, *, alpha: float = 0.05, tuning_n:
     return float(p) if p.ndim == 0 else p
 
 
-def confidence_sequence_halfwidth(variance, n_total, *, alpha: float = 0.05, tuning_n: float = DEFAULT_TUNING_N):
+def confidence_sequence_halfwidth(
+    variance: ArrayLike, n_total: ArrayLike, *, alpha: float = 0.05, tuning_n: float = DEFAULT_TUNING_N
+) -> Any:
     v = np.asarray(variance, dtype=float)
     tau2 = _tau2(v, n_total, alpha, tuning_n)
     with np.errstate(divide="ignore", invalid="ignore"):

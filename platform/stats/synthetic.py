@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import NDArray
 
 from ablab.platform.fields import SLA_METRIC
 
@@ -109,7 +110,10 @@ def synthetic_events(
     return out
 
 
-def _requests(rng, req_unit, user_speed, eff, req_variant, n) -> dict[str, Any]:
+def _requests(
+    rng: np.random.Generator, req_unit: NDArray[Any], user_speed: NDArray[Any], eff: Mapping[str, NDArray[Any]],
+    req_variant: NDArray[Any], n: int,
+) -> dict[str, Any]:
     speed = user_speed[req_unit] * eff["latency"][req_variant]
     output_tokens = 1 + rng.poisson(40, n)
     prompt_tokens = 64 + rng.poisson(200, n)
@@ -117,7 +121,8 @@ def _requests(rng, req_unit, user_speed, eff, req_variant, n) -> dict[str, Any]:
     tpot = rng.lognormal(np.log(18.0), 0.2, n) * speed
     e2e = ttft + tpot * (output_tokens - 1)
     device_s = e2e / 1000.0 * 0.25 * eff["cost"][req_variant]
-    error = np.where(rng.random(n) < eff["error_rate"][req_variant], "timeout", None)
+    error = np.full(n, None, dtype=object)
+    error[rng.random(n) < eff["error_rate"][req_variant]] = "timeout"
     return {
         "ttft_ms": ttft, "e2e_ms": e2e, "tpot_ms": np.where(output_tokens > 1, tpot, np.nan),
         "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "device_s": device_s,

@@ -74,13 +74,14 @@ def timeseries(
                 points.append({**base, **_point(window, alpha), "cumulative": _point(running, alpha)})
             elif metric in PROPORTION_COLUMNS:
                 n, k = PROPORTION_COLUMNS[metric]
-                window = ProportionStats(_f(row, n), _f(row, k))
-                running = window if running is None else running + window
-                points.append({**base, **_point(window, alpha), "cumulative": _point(running, alpha)})
+                share = ProportionStats(_f(row, n), _f(row, k))
+                running = share if running is None else running + share
+                points.append({**base, **_point(share, alpha), "cumulative": _point(running, alpha)})
             else:
                 col, n = QUANTILE_COLUMNS[metric]
                 value = row.get(col)
                 points.append({**base, "n": _f(row, n), "value": value if value is not None and math.isfinite(float(value)) else None,
                                "ci": [None, None], "cumulative": None})
         series.append({"variant": variant, "points": points})
-    return json_ready({"experiment": experiment, "metric": metric, "window_s": WINDOW_S, "series": series})
+    out: dict[str, Any] = json_ready({"experiment": experiment, "metric": metric, "window_s": WINDOW_S, "series": series})
+    return out

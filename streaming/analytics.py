@@ -5,6 +5,11 @@ chdb locks its data directory, so in embedded mode the API process owns the stor
 runs the Kafka → ClickHouse loader in a thread; every other process goes through the
 API. One client is shared by the loader and the request threads, behind a lock, since
 the embedded engine's client is not documented as thread-safe.
+
+The store implements the whole port: results' reads (``ablab.streaming.store.reads``), the
+windows, and the rollup's maintenance through one :class:`~ablab.streaming.store.rollup.RollupStore`,
+which remembers what it verified. A failed maintenance step is counted
+(``ablab_rollup_sync_failures``) and raised.
 """
 
 from __future__ import annotations
@@ -20,6 +25,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ablab.platform.config import Settings
 from ablab.platform.stats.spec import ExperimentSpec
+from ablab.streaming.store.reads import StoreReads
+from ablab.streaming.store.rollup import RollupStore
 
 log = logging.getLogger(__name__)
 
@@ -43,14 +50,27 @@ class SerializedClient:
         return locked
 
 
-class AnalyticsStore:
+class SharedClient(StoreReads):
+    """The process's store client: results' reads (the port), and every clickhouse-connect
+    call of the serialized client (``query``, ``insert``…) for the loader and test support."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+
+class AnalyticsStore(StoreReads):
     def __init__(self, settings: Settings, *, run_loader: bool, known_experiments: Any = None) -> None:
         from ablab.streaming.store import apply_ddl, get_clickhouse_client
 
         self.settings = settings
         self.embedded = settings.resolved_clickhouse_url.startswith("chdb")
-        self.client = SerializedClient(get_clickhouse_client(settings))
-        apply_ddl(self.client)
+        raw = SerializedClient(get_clickhouse_client(settings))
+        apply_ddl(raw)
+        super().__init__(raw, RollupStore(raw))
+        # the deprecated port alias (callers passing ``store.client``) and raw access, one rollup
+        self.client = SharedClient(raw, self.rollup)
+        self.rollup_syncs = 0
+        self.rollup_sync_failures = 0
         self.loader: Any = None
         self._probe: Any = None
         self._probe_lock = threading.Lock()
@@ -60,7 +80,7 @@ class AnalyticsStore:
             from ablab.streaming.loader.service import Loader
 
             self.loader = Loader(
-                self.client, settings.kafka_bootstrap, known_experiments=known_experiments, known_experiments_refresh_s=0.0
+                raw, settings.kafka_bootstrap, known_experiments=known_experiments, known_experiments_refresh_s=0.0
             )
             self._loader_stop = threading.Event()
             self._loader_thread = threading.Thread(target=self._supervise, name="ablab-loader", daemon=True)
@@ -81,18 +101,23 @@ class AnalyticsStore:
                 delay = min(delay * 2, 30.0)
 
     def ping(self) -> str:
-        self.client.query("SELECT 1")
+        self._client.query("SELECT 1")
         return "ok (embedded chdb)" if self.embedded else "ok"
 
     def window_rows(self, experiment: str, *, start: datetime | None = None, end: datetime | None = None) -> list[dict[str, Any]]:
         from ablab.streaming.store.queries import window_rows
 
-        return window_rows(self.client, experiment=experiment, start=start, end=end)
+        return window_rows(self._client, experiment=experiment, start=start, end=end)
 
     def sync_rollup(self, spec: ExperimentSpec) -> dict[str, int]:
-        from ablab.streaming.store.rollup import sync
-
-        return sync(self.client, spec)
+        """The rollup's maintenance step (the port's): counted, and a failure counted and raised."""
+        try:
+            repaired = self.rollup.sync(spec)
+        except Exception:
+            self.rollup_sync_failures += 1
+            raise
+        self.rollup_syncs += 1
+        return repaired
 
     def _stream_probe(self) -> Any:
         """The stream job's probe, made on first use where this process runs the loader."""
@@ -119,6 +144,10 @@ class AnalyticsStore:
         return checks
 
     def collect(self) -> Iterator[Any]:
+        yield CounterMetricFamily("ablab_rollup_syncs", "Rollup maintenance steps that completed (after create/update, "
+                                  "and the monitor's pass)", value=self.rollup_syncs)
+        yield CounterMetricFamily("ablab_rollup_sync_failures", "Rollup maintenance steps that failed (the monitor's "
+                                  "next pass retries; results read raw_events meanwhile)", value=self.rollup_sync_failures)
         if self.loader is None:
             return
         stats = self.loader.stats
@@ -171,7 +200,7 @@ class AnalyticsStore:
             self._loader_stop.set()
         if self._loader_thread is not None:
             self._loader_thread.join(timeout=30)
-        close = getattr(self.client, "close", None)
+        close = getattr(self._client, "close", None)
         if close is not None:
             try:
                 close()

@@ -16,13 +16,14 @@ changed and by the monitor's pass). Two sources of per-unit rows:
 Shadow requests (``type = 'shadow'``, issue 34) are read from ``raw_events`` either way, each
 with its primary (:func:`shadow_pairs`), for the paired analysis.
 
-Every value is a bound parameter; the client is passed in (the API owns it; chDB allows one
-owner per data directory).
+No SQL about the store's tables lives here: the plan is rendered by
+:mod:`ablab.platform.stats.unit_agg` and executed, and the rollup read, by the store through
+the port :class:`~ablab.platform.analytics.store_port.AnalyticsReads` (passed in: the API owns
+the store; chDB allows one owner per data directory).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,7 +38,7 @@ from ablab.platform.stats.spec import ExperimentSpec
 from ablab.platform.stats.sufficient import HistogramStats
 
 if TYPE_CHECKING:
-    from clickhouse_connect.driver.client import Client
+    from ablab.platform.analytics.store_port import AnalyticsReads
 
 Segments = dict[str, dict[str, dict[str, VariantStats]]]
 
@@ -52,45 +53,22 @@ class StoreAggregates:
     histograms: dict[str, dict[str, HistogramStats]] | None = None
 
 
-def _columns(client: Client, sql: str, params: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    table = client.query_arrow(sql, parameters=dict(params))
-    return {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
-
-
-def _exposures(client: Client, spec: ExperimentSpec, *, final: bool) -> dict[str, float] | None:
-    exp = _columns(client, f"""
-        SELECT toString(variant) AS variant, uniqExact(unit_id) AS units FROM raw_events {'FINAL' if final else ''}
-        WHERE type = 'exposure' AND experiment = {{experiment:String}} GROUP BY variant
-    """, {"experiment": spec.key})
-    if not exp["variant"].size or spec.request_randomized:
+def _exposures(store: AnalyticsReads, spec: ExperimentSpec, *, final: bool) -> dict[str, float] | None:
+    got = store.exposures(spec.key, final=final)
+    if not got or spec.request_randomized:
         return None
-    got = dict(zip(map(str, exp["variant"]), exp["units"].tolist()))
     return {v.key: float(got.get(v.key, 0)) for v in spec.variants}
 
 
-def _top_values(client: Client, sql: ua.StoreSQL) -> dict[str, list[str]]:
-    if sql.top_values is None:
-        return {}
-    rows = client.query(sql.top_values, parameters=sql.params).result_rows
-    top: dict[str, list[str]] = {}
-    for dim, value, _ in rows:
-        top.setdefault(str(dim), []).append(str(value))
-    return top
-
-
-def aggregates_from_raw(client: Client, spec: ExperimentSpec, *, final: bool = True) -> StoreAggregates:
+def aggregates_from_raw(store: AnalyticsReads, spec: ExperimentSpec, *, final: bool = True) -> StoreAggregates:
     """Everything the engine reads, from one scan of ``raw_events`` (plus the small queries)."""
     plan = ua.plan(spec)
-    # the billing join only when there is billing (a primary-key range check, milliseconds)
-    billing = bool(client.query("SELECT count() FROM raw_events WHERE type = 'cost'").result_rows[0][0])
+    billing = store.has_billing()  # the billing join only when there is billing
     probe = ua.store_sql(plan, spec, final=final, billing=billing)
-    sql = ua.store_sql(plan, spec, final=final, billing=billing, top=_top_values(client, probe))
-    rows = _columns(client, sql.main, sql.params)
+    sql = ua.store_sql(plan, spec, final=final, billing=billing, top=store.top_values(probe))
+    rows = store.unit_rows(sql)
     sets = rows.pop("grouping_set")
-    pre = None
-    if sql.pre is not None:
-        got = _columns(client, sql.pre, sql.params)
-        pre = got if got["unit"].size else None
+    pre = store.pre_rows(sql)
 
     def part(code: int) -> dict[str, np.ndarray]:
         mask = (sets == code) & (rows["requests"] > 0)
@@ -118,71 +96,30 @@ def aggregates_from_raw(client: Client, spec: ExperimentSpec, *, final: bool = T
             seg["segment"] = seg.pop(f"g{j}")
             ua.attach_pre(plan, seg, seg["unit_id"], pre)
             segments[f"dims.{dim}"] = segment_stats_from_units(seg, cuped=spec.cuped, custom=spec.custom)
-    return StoreAggregates(stats, _exposures(client, spec, final=final), segments, "raw", units, histograms)
+    return StoreAggregates(stats, _exposures(store, spec, final=final), segments, "raw", units, histograms)
 
 
-# --- the per-unit rollup (migrations 0006–0013, written by the loader's recompute; layout: unit_agg) ---
+# --- the per-unit rollup (migrations 0006–0013, written and read by the store; layout: unit_agg) ---
 
 
 def rollup_applies(spec: ExperimentSpec) -> bool:
     """The rollup can give every per-unit column of the plan exactly (the rule:
     :func:`ablab.platform.stats.unit_agg.rollup_unsupported`)."""
-    return ua.rollup_unsupported(ua.plan(spec), spec, ua.ROLLUP_SUMS) is None
+    return ua.rollup_unsupported(ua.plan(spec), spec) is None
 
 
-def rollup_current(client: Client, spec: ExperimentSpec) -> bool:
-    """True when every ``unit_stats`` row of the experiment was computed under its SLOs and
-    the current rollup layout, and no request precedes ``spec.start`` (rollup sums are
-    all-time sums)."""
-    params: dict[str, Any] = {"experiment": spec.key, "key": ua.rollup_key(spec.slos, segments=bool(spec.segments))}
-    early = "0"
-    if spec.start:
-        params["start_ms"] = ua.start_ms(spec.start)
-        early = "toUnixTimestamp64Milli(min_ts) < {start_ms:Int64}"
-    stale = client.query(
-        f"SELECT countIf(slo_key != {{key:String}} OR rollup_version < {ua.ROLLUP_VERSION} OR ({early} AND requests > 0)) "
-        "FROM unit_stats FINAL WHERE experiment = {experiment:String}",
-        parameters=params,
-    ).result_rows[0][0]
-    return not stale
+def rollup_current(store: AnalyticsReads, spec: ExperimentSpec) -> bool:
+    """True when every rollup row of the experiment was computed under its SLOs and the
+    current layout, and no request precedes ``spec.start`` (rollup sums are all-time sums)."""
+    return store.rollup_current(spec)
 
 
-def _rollup_segments(client: Client, spec: ExperimentSpec, plan: ua.UnitPlan, units: dict[str, np.ndarray]) -> Segments:
+def _rollup_segments(store: AnalyticsReads, spec: ExperimentSpec, plan: ua.UnitPlan, units: dict[str, np.ndarray]) -> Segments:
     """Per-segment statistics from ``unit_segment_stats``: the top values by requests, the
     rest folded into "(other)"; a unit with no row for a dimension is all "(none)"."""
     out: Segments = {}
-    base = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
     for dim in plan.segments:
-        p: dict[str, Any] = {**base, "dim": dim}
-        top = [str(r[0]) for r in client.query(
-            "SELECT value, sum(requests) AS c FROM unit_segment_stats FINAL WHERE experiment = {experiment:String} "
-            "AND dim = {dim:String} AND variant IN {variants:Array(String)} AND value != {none:String} "
-            f"GROUP BY value HAVING c > 0 ORDER BY c DESC, value LIMIT {ua.MAX_SEGMENT_VALUES + 1}",
-            parameters={**p, "none": ua.NONE}).result_rows]
-        fold = len(top) > ua.MAX_SEGMENT_VALUES  # else every value shows and rows need no summing
-        top = top[:ua.MAX_SEGMENT_VALUES]
-        # rows come back as integer codes (a value's and a variant's index into the sorted
-        # lists below), so nothing downstream converts or sorts strings
-        labels = sorted({*top, ua.NONE, ua.OTHER})
-        variants = sorted(base["variants"])
-        p.update(top=top, none=ua.NONE, other=ua.OTHER, labels=labels, variant_keys=variants)
-        # the plan's columns per row first (map lookups), then the folded values summed
-        cols = [c.name for c in plan.columns]
-        select = ua.rollup_select(plan, ua.ROLLUP_SUMS, p)
-        rows = f"""
-            SELECT toUInt32(indexOf({{variant_keys:Array(String)}}, variant) - 1) AS variant_code, cityHash64(unit_id) AS unit_id,
-                   toUInt32(indexOf({{labels:Array(String)}},
-                                    if(value = {{none:String}} OR has({{top:Array(String)}}, value), value, {{other:String}})) - 1) AS segment_code,
-                   {select}
-            FROM unit_segment_stats FINAL
-            WHERE experiment = {{experiment:String}} AND dim = {{dim:String}} AND variant IN {{variants:Array(String)}}
-              AND requests > 0"""
-        if fold:
-            sums = ", ".join(f"sum(`{c}`) AS `{c}`" for c in cols)
-            sql = f"SELECT variant_code, unit_id, segment_code, {sums} FROM ({rows}) GROUP BY variant_code, unit_id, segment_code"
-        else:
-            sql = rows
-        seg = _columns(client, sql, p)
+        seg, labels, variants = store.rollup_segments(spec, plan, dim)
         seg["variant"], seg["segment"] = seg.pop("variant_code"), seg.pop("segment_code")
         # a unit whose requests never carry the dimension has no row: its whole row is "(none)"
         unit_variant = np.searchsorted(np.asarray(variants, dtype=object), np.asarray(units["variant"], dtype=object))
@@ -198,34 +135,17 @@ def _rollup_segments(client: Client, spec: ExperimentSpec, plan: ua.UnitPlan, un
     return out
 
 
-def aggregates_from_rollup(client: Client, spec: ExperimentSpec) -> StoreAggregates:
+def aggregates_from_rollup(store: AnalyticsReads, spec: ExperimentSpec) -> StoreAggregates:
     """Per-variant (and per-segment) statistics from ``unit_stats`` / ``unit_segment_stats``
     (about one row per unit, and per unit and segment value), read only."""
     plan = ua.plan(spec)
-    why = ua.rollup_unsupported(plan, spec, ua.ROLLUP_SUMS)
+    why = ua.rollup_unsupported(plan, spec)
     if why:
         raise ValueError(f"experiment {spec.key!r}: the per-unit rollup cannot give {why}")
-    p: dict[str, Any] = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
-    units = _columns(
-        client,
-        f"SELECT toString(variant) AS variant, cityHash64(unit_id) AS unit_id, {ua.rollup_select(plan, ua.ROLLUP_SUMS, p)} "
-        "FROM unit_stats FINAL "
-        "WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} AND requests > 0",
-        p,
-    )
+    units = store.rollup_units(spec, plan)
     ua.attach_pre(plan, units, units["unit_id"], None)  # no request precedes start (rollup_current)
-    where = "WHERE experiment = {experiment:String} AND variant IN {variants:Array(String)} AND requests > 0"
-    per_variant = client.query(  # the time span per variant
-        "SELECT toString(variant), toUnixTimestamp64Milli(min(min_ts)), toUnixTimestamp64Milli(max(max_ts)) "
-        f"FROM unit_stats FINAL {where} GROUP BY variant",
-        parameters=p,
-    ).result_rows
-    # the latency histograms per variant: (bucket, count) pairs unnested and summed, several
-    # times cheaper than sumMap over ~50-entry arrays per unit
-    buckets = _columns(client, " UNION ALL ".join(
-        f"SELECT toString(variant) AS variant, '{lat}' AS latency, b AS bucket, sum(n) AS count FROM unit_stats FINAL "
-        f"ARRAY JOIN {lat.removesuffix('_ms')}_buckets AS b, {lat.removesuffix('_ms')}_counts AS n {where} GROUP BY variant, b"
-        for lat in HISTOGRAM_SOURCES), p)
+    per_variant = store.rollup_spans(spec)  # the time span per variant
+    buckets = store.rollup_histograms(spec)  # the latency histograms per variant
     histograms: dict[str, dict[str, HistogramStats]] = {}
     for variant, *_ in per_variant:
         mine = buckets["variant"] == variant
@@ -237,34 +157,32 @@ def aggregates_from_rollup(client: Client, spec: ExperimentSpec) -> StoreAggrega
     span = (max(r[2] for r in per_variant) - min(r[1] for r in per_variant)) / 1000 if per_variant else 0.0
     durations = {v.key: span for v in spec.variants} if span > 0 else None
     stats = variant_stats_from_units(units, histograms=histograms, durations=durations, cuped=spec.cuped, custom=spec.custom)
-    segments = _rollup_segments(client, spec, plan, units) if plan.segments else None
-    return StoreAggregates(stats, _exposures(client, spec, final=False), segments, "rollup", units, histograms)
+    segments = _rollup_segments(store, spec, plan, units) if plan.segments else None
+    return StoreAggregates(stats, _exposures(store, spec, final=False), segments, "rollup", units, histograms)
 
 
-def aggregates(client: Client, spec: ExperimentSpec) -> StoreAggregates:
+def aggregates(store: AnalyticsReads, spec: ExperimentSpec) -> StoreAggregates:
     """The fastest exact source: the rollup where it applies and is current, else the raw scan."""
-    if rollup_applies(spec) and rollup_current(client, spec):
-        return aggregates_from_rollup(client, spec)
-    return aggregates_from_raw(client, spec)
+    if rollup_applies(spec) and rollup_current(store, spec):
+        return aggregates_from_rollup(store, spec)
+    return aggregates_from_raw(store, spec)
 
 
-def variant_stats(client: Client, spec: ExperimentSpec) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
-    agg = aggregates(client, spec)
+def variant_stats(store: AnalyticsReads, spec: ExperimentSpec) -> tuple[dict[str, VariantStats], dict[str, float] | None]:
+    agg = aggregates(store, spec)
     return agg.stats, agg.exposures
 
 
-def shadow_pairs(client: Client, spec: ExperimentSpec, *, final: bool = True) -> pr.ShadowPairs | None:
+def shadow_pairs(store: AnalyticsReads, spec: ExperimentSpec, *, final: bool = True) -> pr.ShadowPairs | None:
     """The experiment's shadow requests, each with its primary (issue 34), from ``raw_events``;
     None when it has no shadow activity, which one probe finds out (no FINAL, three columns:
     milliseconds), so results without shadows pay that one query. The SQL is
     :func:`ablab.platform.stats.unit_agg.shadow_sql`; the rows are what
     :func:`ablab.platform.stats.paired.shadow_rows` reads."""
-    probe = ua.shadow_sql(spec, (), final=final)
-    if not client.query(probe.probe, parameters=probe.params).result_rows[0][0]:
+    if not store.shadow_activity(ua.shadow_sql(spec, (), final=final)):
         return None
-    billing = bool(client.query("SELECT count() FROM raw_events WHERE type = 'cost'").result_rows[0][0])
-    sql = ua.shadow_sql(spec, pr.shadow_sources(spec), final=final, billing=billing)
-    rows = _columns(client, sql.pairs, sql.params)
+    sql = ua.shadow_sql(spec, pr.shadow_sources(spec), final=final, billing=store.has_billing())
+    rows, requests = store.shadow_rows(sql)
 
     def values(prefix: str) -> dict[str, np.ndarray]:
         return {src: np.asarray(_floats(rows[f"{prefix}{i}"]), dtype=float) for i, src in enumerate(sql.sources)}
@@ -272,7 +190,7 @@ def shadow_pairs(client: Client, spec: ExperimentSpec, *, final: bool = True) ->
     paired = np.asarray(rows["paired"], dtype=bool)
     return pr.ShadowPairs(
         np.asarray(rows["variant"], dtype=object), paired, np.asarray(rows["primary_key"]).astype(np.uint64),
-        values("p"), values("s"), pr.requests_from_rows(_columns(client, sql.requests, sql.params)),
+        values("p"), values("s"), pr.requests_from_rows(requests),
     )
 
 
@@ -283,26 +201,26 @@ def _floats(column: np.ndarray) -> np.ndarray:
     return column.astype(float)
 
 
-def _analyze(client: Client, spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
+def _analyze(store: AnalyticsReads, spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
     return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments,
-                   shadows=shadow_pairs(client, spec))
+                   shadows=shadow_pairs(store, spec))
 
 
-def results(client: Client, spec: ExperimentSpec) -> dict[str, Any]:
+def results(store: AnalyticsReads, spec: ExperimentSpec) -> dict[str, Any]:
     """``GET /v1/experiments/{key}/results`` from the store."""
-    return _analyze(client, spec, aggregates(client, spec))
+    return _analyze(store, spec, aggregates(store, spec))
 
 
-def results_from_raw(client: Client, spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
-    return _analyze(client, spec, aggregates_from_raw(client, spec, final=final))
+def results_from_raw(store: AnalyticsReads, spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
+    return _analyze(store, spec, aggregates_from_raw(store, spec, final=final))
 
 
-def results_from_rollup(client: Client, spec: ExperimentSpec) -> dict[str, Any]:
-    return _analyze(client, spec, aggregates_from_rollup(client, spec))
+def results_from_rollup(store: AnalyticsReads, spec: ExperimentSpec) -> dict[str, Any]:
+    return _analyze(store, spec, aggregates_from_rollup(store, spec))
 
 
-def attribution(client: Client, spec: ExperimentSpec) -> dict[str, Any]:
+def attribution(store: AnalyticsReads, spec: ExperimentSpec) -> dict[str, Any]:
     """``GET /v1/experiments/{key}/attribution`` from the store."""
     from ablab.platform.stats.attribution import attribute
 
-    return attribute(spec=spec, stats=aggregates(client, spec).stats)
+    return attribute(spec=spec, stats=aggregates(store, spec).stats)

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ablab.platform.config import Settings, get_settings
 from ablab.platform.errors import Invalid
 from ablab.platform.registry.schemas import ExperimentRead
 from ablab.platform.stats.spec import ExperimentSpec, SpecError, parse_spec
+
+if TYPE_CHECKING:
+    from ablab.platform.analytics.store_port import AnalyticsReads
 
 # The store's rollup maintenance for one experiment (units repaired, by cause).
 RollupSync = Callable[[ExperimentSpec], Mapping[str, int]]
@@ -43,23 +46,26 @@ def stats_spec(exp: ExperimentRead, *, settings: Settings | None = None) -> Expe
     return replace(spec, adaptive=True) if is_adaptive(exp, settings) else spec
 
 
-def results(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
-    """From the per-unit rollup where it applies, else one raw scan; read only."""
+def results(store: AnalyticsReads, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
+    """From the per-unit rollup where it applies, else one raw scan; read only. ``store``: the
+    analytics backend (``AnalyticsBackend``, which is :class:`.store_port.AnalyticsReads`)."""
     from ablab.platform.analytics.results import results as from_store
 
-    return from_store(client, stats_spec(exp, settings=settings))
+    return from_store(store, stats_spec(exp, settings=settings))
 
 
-def attribution(client: Any, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
+def attribution(store: AnalyticsReads, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
     from ablab.platform.analytics.results import attribution as from_store
 
-    return from_store(client, stats_spec(exp, settings=settings))
+    return from_store(store, stats_spec(exp, settings=settings))
 
 
 def sync_rollup(sync: RollupSync, exp: ExperimentRead, *, settings: Settings | None = None) -> Mapping[str, int]:
     """Keep the experiment's per-unit rollup current (its SLOs and segment choice written, stale
     units recomputed) through the store's maintenance step ``sync`` (``AnalyticsBackend.sync_rollup``):
-    on create/update and in the monitor's pass, so results reads write nothing."""
+    after create/update commits and in the monitor's pass, so results reads write nothing. A
+    store failure raises (the backend has counted it); the caller logs it, never swallows it
+    silently, and the monitor's next pass retries."""
     try:
         spec = stats_spec(exp, settings=settings)
     except Invalid:

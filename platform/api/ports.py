@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from ablab.platform.analytics.store_port import AnalyticsReads
+
 if TYPE_CHECKING:
     from prometheus_client.core import Metric
 
@@ -58,12 +60,17 @@ class IngestPipeline(Component, Protocol):
     def billing(self, body: bytes, *, signature: str | None, timestamp: str | None) -> IngestAccepted: ...
 
 
-class AnalyticsBackend(Component, Protocol):
-    """The analytics store as the results routes read it."""
+class AnalyticsBackend(Component, AnalyticsReads, Protocol):
+    """The analytics store as the control plane uses it: results' reads
+    (:class:`~ablab.platform.analytics.store_port.AnalyticsReads`: the per-unit plan over
+    ``raw_events``, the per-unit rollup, exposures, shadows), the 10 s windows and the
+    rollup's maintenance step. No SQL about the store's tables is written outside the store."""
 
     @property
-    def client(self) -> Any:
-        """A clickhouse-connect-compatible client (``query``, ``command``)."""
+    def client(self) -> AnalyticsReads:
+        """Deprecated: the results reads of this backend, for call sites that still pass
+        ``store.client`` (``routers/results.py``, ``routers/ship.py``, ``app.py``); they pass the
+        backend itself instead, and this goes."""
         ...
 
     def window_rows(self, experiment: str, *, start: datetime | None = None, end: datetime | None = None) -> list[dict[str, Any]]:
@@ -73,5 +80,7 @@ class AnalyticsBackend(Component, Protocol):
     def sync_rollup(self, spec: ExperimentSpec) -> Mapping[str, int]:
         """The per-unit rollup's maintenance step for one experiment: record its SLOs and
         whether it keeps segment rows, recompute the units that are stale; units repaired by
-        cause. Called on create/update and by the monitor, never by a read."""
+        cause. Called after create/update commits and by the monitor's pass, never by a read.
+        A failure raises, after the backend counted it (``ablab_rollup_sync_failures`` in
+        :meth:`collect`); the caller logs it and the monitor's next pass retries."""
         ...

@@ -217,7 +217,7 @@ class AppState:
     analytics: AnalyticsBackend | None = None
     # Everything else started with the app (the guardrail monitor, extensions), in start order.
     components: list[Any] = field(default_factory=list)
-    _known: tuple[int | None, frozenset[str]] = field(default=(None, frozenset()), init=False, repr=False)
+    _known: tuple[str | None, frozenset[str]] = field(default=(None, frozenset()), init=False, repr=False)
 
     def registered_experiments(self) -> frozenset[str]:
         """Every experiment ever registered (stopped ones still get late labels), re-read

@@ -15,13 +15,20 @@ analyze`` cannot drift:
 
 Both read a request through its *sources* (one float per request, NaN/NULL when absent):
 
-- catalogue fields ``e2e_ms ttft_ms tpot_ms prompt_tokens output_tokens device_s``;
-- ``cost_usd``: the trace's billed cost where billing arrived, else the worker's estimate,
-  else 0 (always present);
+- the inference event's catalogue fields (:data:`SOURCE_FIELDS`, ``ablab.platform.fields``);
+- the cost field (``fields.COST_FIELD``): the trace's billed cost where billing arrived, else
+  the worker's estimate, else 0 (always present);
 - ``measures.<name>``: the event's measure of that name, absent when it carried none;
 - ``score`` / ``correct``: the trace's latest label carrying that field (by event time);
 - ``error``: 1 when the request failed (:data:`ERROR_RULE`), else 0 (always present);
-- ``good``: 1 when the request met every SLO of the experiment and did not fail.
+- ``good``: 1 when the request met every SLO of the experiment and did not fail
+  (:func:`good_sql` / :func:`good_numpy`: a field the catalogue marks ``nullable`` cannot
+  break its SLO by being absent; any other must be present and within the bound).
+
+A request is *valid* (:func:`valid_sql`) when it has a trace and a unit and no latency
+(``fields.LATENCY_FIELDS``) is negative. The three renderings — the raw scan, the rollup
+recompute (``ablab.streaming.store.rollup``, over :data:`BUILTIN` with :func:`column_sql`)
+and numpy — take the error rule, ``good`` and validity from here.
 
 A column is ``count`` (requests where its ``requires`` sources are present), ``sum`` or
 ``sumsq`` (Σ source / Σ source² over requests where the source and ``requires`` are
@@ -39,12 +46,24 @@ from datetime import UTC
 from typing import Any, Literal
 
 import numpy as np
+from numpy.typing import NDArray
 
-from .metrics import DIM_PREFIX, HISTOGRAM_SOURCES, MEASURE_PREFIX, SLO_METRICS, CustomMetric, custom_columns
+from ablab.platform import fields
+
+from .metrics import (
+    DIM_PREFIX,
+    HISTOGRAM_SOURCES,
+    MEASURE_PREFIX,
+    SLO_METRICS,
+    UNIT_COLUMNS,
+    CustomMetric,
+    custom_columns,
+)
 from .sufficient import HIST_BUCKETS, HistogramStats, histogram_bucket, histogram_bucket_sql
 
-FIELDS: tuple[str, ...] = ("e2e_ms", "ttft_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd")
-LATENCIES: tuple[str, ...] = ("e2e_ms", "ttft_ms", "tpot_ms")
+Array = NDArray[Any]  # one value per request, unit or group (floats, codes, labels)
+SOURCE_FIELDS: tuple[str, ...] = fields.INFERENCE_FIELDS
+COST = fields.COST_FIELD
 LABELS: tuple[str, ...] = ("score", "correct")
 DERIVED: tuple[str, ...] = ("error", "good")
 ERROR_RULE = "a request failed when its `error` is present and not empty (a boolean column: when true)"
@@ -60,6 +79,13 @@ class UnitColumn:
     op: Op
     source: str | None = None  # count: None
     requires: tuple[str, ...] = ()
+
+    @property
+    def summed(self) -> str:
+        """The source a ``sum``/``sumsq`` column adds up."""
+        if self.source is None:
+            raise ValueError(f"column {self.name} ({self.op}) sums no source")
+        return self.source
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,41 +116,58 @@ class UnitPlan:
 
 
 def check_source(source: str) -> None:
-    if source in FIELDS or source in LABELS or source in DERIVED:
+    if source in SOURCE_FIELDS or source in LABELS or source in DERIVED:
         return
     if source.startswith(MEASURE_PREFIX) and len(source) > len(MEASURE_PREFIX):
         return
-    raise ValueError(f"unknown source {source!r}: a field ({', '.join(FIELDS)}), measures.<name>, score, correct or error")
+    raise ValueError(f"unknown source {source!r}: a field ({', '.join(SOURCE_FIELDS)}), measures.<name>, score, correct or error")
 
 
-def _builtin() -> list[UnitColumn]:
+def _field_column(name: str, stat: fields.UnitStat, prefix: str = "") -> UnitColumn:
+    column = prefix + fields.unit_column(name, stat)
+    if stat == "n":
+        return UnitColumn(column, "count", requires=(name,))
+    return UnitColumn(column, "sumsq" if stat == "sq" else "sum", name)
+
+
+def _builtin() -> tuple[UnitColumn, ...]:
+    """The built-in per-unit columns (:data:`.metrics.UNIT_COLUMNS`), defined from the catalogue:
+    every rolled-up field's ``per_unit`` statistics, then labels, labelled cost and ``good``."""
     cols = [UnitColumn("requests", "count"), UnitColumn("errors", "sum", "error")]
-    for lat in LATENCIES:
-        cols += [UnitColumn(f"{lat}_sum", "sum", lat), UnitColumn(f"{lat}_n", "count", requires=(lat,))]
-        if lat in HISTOGRAM_SOURCES:
-            cols.append(UnitColumn(f"{lat}_sq", "sumsq", lat))
+    cols += [_field_column(f.name, stat) for f in fields.FIELDS.values() for stat in f.per_unit]
     cols += [
-        UnitColumn("cost_usd_sum", "sum", "cost_usd"),
         UnitColumn("labeled", "count", requires=("correct",)),
         UnitColumn("correct", "sum", "correct"),
-        UnitColumn("labeled_cost_usd_sum", "sum", "cost_usd", ("correct",)),
+        UnitColumn(fields.labeled_sum_column(COST), "sum", COST, ("correct",)),
         UnitColumn("good", "sum", "good"),
     ]
-    return cols
+    return tuple(cols)
+
+
+BUILTIN: tuple[UnitColumn, ...] = _builtin()
+"""Every plan's built-in columns; the per-unit rollup stores them by name."""
+if tuple(c.name for c in BUILTIN) != UNIT_COLUMNS:  # two derivations of one catalogue
+    raise AssertionError(f"unit_agg.BUILTIN {[c.name for c in BUILTIN]} != metrics.UNIT_COLUMNS {UNIT_COLUMNS}")
 
 
 def _builtin_pre() -> list[UnitColumn]:
-    cols = [UnitColumn("pre_requests", "count"), UnitColumn("pre_cost_usd_sum", "sum", "cost_usd")]
-    for lat in LATENCIES:
-        cols += [UnitColumn(f"pre_{lat}_sum", "sum", lat), UnitColumn(f"pre_{lat}_n", "count", requires=(lat,))]
+    """CUPED's pre-period covariates: requests and each rolled-up field's sum and count."""
+    cols = [UnitColumn("pre_requests", "count")]
+    cols += [_field_column(f.name, stat, "pre_") for f in fields.FIELDS.values() for stat in f.per_unit if stat != "sq"]
     return cols
+
+
+def _named(source: str | None, m: CustomMetric, role: str) -> str:
+    if not source:
+        raise ValueError(f"custom metric {m.name!r}: no {role}")
+    return source
 
 
 def _xy(x: str, y: str, m: CustomMetric, source: str | None = None) -> list[UnitColumn]:
     if m.kind == "ratio" and source is None:
-        both = (m.numerator, m.denominator)
-        return [UnitColumn(x, "sum", m.numerator, both), UnitColumn(y, "sum", m.denominator, both)]
-    src = source or m.column
+        num, den = _named(m.numerator, m, "numerator"), _named(m.denominator, m, "denominator")
+        return [UnitColumn(x, "sum", num, (num, den)), UnitColumn(y, "sum", den, (num, den))]
+    src = _named(source or m.column, m, "column")
     return [UnitColumn(x, "sum", src), UnitColumn(y, "count", requires=(src,))]
 
 
@@ -136,8 +179,9 @@ def custom_plan(m: CustomMetric) -> tuple[list[UnitColumn], list[UnitColumn], li
     cols = _xy(names["x"], names["y"], m)
     pre, hist = [], []
     if "sq" in names:
-        cols.append(UnitColumn(names["sq"], "sumsq", m.column))
-        hist.append(Histogram(m.name, m.column, names["y"]))
+        column = _named(m.column, m, "column")
+        cols.append(UnitColumn(names["sq"], "sumsq", column))
+        hist.append(Histogram(m.name, column, names["y"]))
     if "pre_x" in names:
         pre = _xy(names["pre_x"], names["pre_y"], m)
     if "cov_x" in names:
@@ -146,7 +190,7 @@ def custom_plan(m: CustomMetric) -> tuple[list[UnitColumn], list[UnitColumn], li
 
 
 def plan(spec: Any) -> UnitPlan:
-    cols, pre = _builtin(), (_builtin_pre() if spec.cuped and spec.start else [])
+    cols, pre = list(BUILTIN), (_builtin_pre() if spec.cuped and spec.start else [])
     hists = [Histogram(lat, lat, f"{lat}_n") for lat in HISTOGRAM_SOURCES]
     for m in getattr(spec, "custom", ()) or ():
         c, p, h = custom_plan(m)
@@ -167,33 +211,45 @@ def plan(spec: Any) -> UnitPlan:
 # --- the numpy rendering ---------------------------------------------------------------
 
 
-def _present(values: Mapping[str, np.ndarray], source: str) -> np.ndarray:
+def _present(values: Mapping[str, Array], source: str) -> Array:
     return ~np.isnan(values[source])
 
 
-def column_numpy(col: UnitColumn, values: Mapping[str, np.ndarray], rows: np.ndarray, inverse: np.ndarray, k: int) -> np.ndarray:
+def column_numpy(col: UnitColumn, values: Mapping[str, Array], rows: Array, inverse: Array, k: int) -> Array:
     """One column over the request positions ``rows`` grouped by ``inverse``."""
     cond = np.ones(rows.size, dtype=bool)
     for r in col.requires:
         cond &= _present(values, r)[rows]
     if col.op == "count":
         return np.bincount(inverse, weights=cond.astype(float), minlength=k)
-    x = values[col.source][rows]
+    x = values[col.summed][rows]
     ok = cond & ~np.isnan(x)
     x0 = np.where(ok, x, 0.0)
     return np.bincount(inverse, weights=x0 * x0 if col.op == "sumsq" else x0, minlength=k)
 
 
-def good_numpy(error: np.ndarray, values: Mapping[str, np.ndarray], slos: Mapping[str, float]) -> np.ndarray:
-    """``good`` per request: no error and every SLO met (a missing TPOT cannot break its SLO)."""
+def good_numpy(error: Array, values: Mapping[str, Array], slos: Mapping[str, float]) -> Array:
+    """``good`` per request: no error and every SLO met (:func:`slo_may_be_absent`)."""
     good = error == 0
     for name, bound in slos.items():
         x = values[name]
-        good &= (~np.isnan(x) & (x <= bound)) if name != "tpot_ms" else (np.isnan(x) | (x <= bound))
-    return good.astype(float)
+        good &= (np.isnan(x) | (x <= bound)) if slo_may_be_absent(name) else (~np.isnan(x) & (x <= bound))
+    out: Array = good.astype(float)
+    return out
 
 
-def group(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+def valid_numpy(values: Mapping[str, Array]) -> Array:
+    """:func:`valid_sql`'s latency rule per request (trace and unit are checked where they are coded)."""
+    ok: Array | None = None
+    for name in fields.LATENCY_FIELDS:
+        x = values[name]
+        this = np.isnan(x) | (x >= 0)
+        ok = this if ok is None else ok & this
+    assert ok is not None, "the catalogue has latencies"
+    return ok
+
+
+def group(*keys: Array) -> tuple[Array, Array, int]:
     """Dense group ids of the rows' key tuples (non-negative ints): (inverse, first row per group, k)."""
     if not keys[0].size:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0
@@ -212,7 +268,7 @@ def group(*keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
     return inverse, first, k
 
 
-def per_unit_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarray, *keys: np.ndarray) -> dict[str, np.ndarray]:
+def per_unit_numpy(p: UnitPlan, values: Mapping[str, Array], rows: Array, *keys: Array) -> dict[str, Array]:
     """The plan's in-period columns over request positions ``rows``, grouped by ``keys``
     (arrays over ``rows``); ``_first`` holds each group's first position in ``rows``."""
     inverse, first, k = group(*keys)
@@ -221,7 +277,7 @@ def per_unit_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarr
     return out
 
 
-def pre_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarray, unit: np.ndarray) -> dict[str, np.ndarray]:
+def pre_numpy(p: UnitPlan, values: Mapping[str, Array], rows: Array, unit: Array) -> dict[str, Array]:
     """Pre-period columns per unit code (``unit`` over ``rows``): ``unit`` key + columns."""
     inverse, first, k = group(unit)
     out = {c.name: column_numpy(c, values, rows, inverse, k) for c in p.pre_columns}
@@ -229,7 +285,7 @@ def pre_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarray, u
     return out
 
 
-def attach_pre(p: UnitPlan, units: dict[str, np.ndarray], unit_key: np.ndarray, pre: Mapping[str, np.ndarray] | None) -> None:
+def attach_pre(p: UnitPlan, units: dict[str, Array], unit_key: Array, pre: Mapping[str, Array] | None) -> None:
     """Pre-period columns onto per-unit rows (in place), matched by unit key; 0 without any."""
     if not p.pre_columns:
         return
@@ -246,8 +302,8 @@ def attach_pre(p: UnitPlan, units: dict[str, np.ndarray], unit_key: np.ndarray, 
         units[c.name] = np.where(hit, np.asarray(pre[c.name], dtype=float)[order][pos], 0.0)
 
 
-def histograms_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.ndarray, var: np.ndarray,
-                     labels: np.ndarray) -> dict[str, dict[str, HistogramStats]]:
+def histograms_numpy(p: UnitPlan, values: Mapping[str, Array], rows: Array, var: Array,
+                     labels: Array) -> dict[str, dict[str, HistogramStats]]:
     """Per-variant histograms (variant label → key → histogram); ``var`` codes over ``rows``."""
     k = max(labels.size, 1)
     out: dict[str, dict[str, HistogramStats]] = {str(v): {} for v in labels}
@@ -261,14 +317,14 @@ def histograms_numpy(p: UnitPlan, values: Mapping[str, np.ndarray], rows: np.nda
     return out
 
 
-def top_values(values: np.ndarray, present: np.ndarray) -> list[str]:
+def top_values(values: Array, present: Array) -> list[str]:
     """The dimension's top :data:`MAX_SEGMENT_VALUES` values by requests (ties: by value)."""
     got, counts = np.unique(values[present].astype(str), return_counts=True)
     order = sorted(range(got.size), key=lambda i: (-counts[i], got[i]))
     return [str(got[i]) for i in order[:MAX_SEGMENT_VALUES]]
 
 
-def fold_values(values: np.ndarray, present: np.ndarray, top: list[str]) -> np.ndarray:
+def fold_values(values: Array, present: Array, top: list[str]) -> Array:
     """Each request's segment label: its value if among ``top``, else "(other)"; "(none)" without one."""
     text = values.astype(str)
     out = np.where(np.isin(text, np.asarray(top, dtype=str)), text, OTHER).astype(object)
@@ -280,12 +336,10 @@ def fold_values(values: np.ndarray, present: np.ndarray, top: list[str]) -> np.n
 
 
 def _sql_source(source: str, params: dict[str, Any]) -> str:
-    if source in ("prompt_tokens", "output_tokens"):
-        return f"toFloat64(r.{source})"
-    if source in LATENCIES or source == "device_s":
-        return f"r.{source}"
-    if source == "cost_usd":
+    if source == COST:
         return f"toFloat64(ifNull({_BILLED_COST}, 0))"
+    if source in SOURCE_FIELDS:
+        return f"toFloat64(r.{source})" if fields.FIELDS[source].type == "int" else f"r.{source}"
     if source in LABELS:
         return f"l.{source}"
     if source == "error":
@@ -299,37 +353,75 @@ def _sql_source(source: str, params: dict[str, Any]) -> str:
     raise ValueError(f"unknown source {source!r}")
 
 
-ERROR_SQL = "(r.error IS NOT NULL AND r.error != '')"
+def error_sql(column: str = "r.error") -> str:
+    """:data:`ERROR_RULE` over the event's ``error`` text (the raw scan, the rollup's ``is_error``)."""
+    return f"({column} IS NOT NULL AND {column} != '')"
 
 
-def _sql_column(col: UnitColumn, alias: Mapping[str, str], period: str) -> str:
+def is_error(value: Any) -> bool:
+    """:data:`ERROR_RULE` for one event's ``error`` value (the loader's rollup rows)."""
+    return value is not None and value != "" and value is not False
+
+
+ERROR_SQL = error_sql()
+
+
+def slo_may_be_absent(name: str) -> bool:
+    """Whether a request without field ``name`` meets its SLO: yes for a field the catalogue
+    marks ``nullable`` (one output token has no TPOT), no for any other."""
+    return fields.FIELDS[name].nullable
+
+
+def good_sql(slos: Mapping[str, float | None], params: dict[str, Any], *, prefix: str = "r.", error: str = ERROR_SQL) -> str:
+    """``good`` as ClickHouse text: not ``error`` and every SLO met; bounds are bound
+    parameters (``slo_<field>``), a None bound is no SLO. The raw scan and the rollup
+    recompute both render it."""
+    good = [f"NOT {error}"]
+    for name, bound in slos.items():
+        if bound is None:
+            continue
+        if name not in SLO_METRICS:
+            raise ValueError(f"slos.{name}: not an SLO metric")
+        params[f"slo_{name}"] = float(bound)
+        col, limit = f"{prefix}{name}", f"{{slo_{name}:Float64}}"
+        if slo_may_be_absent(name):
+            good.append(f"({col} IS NULL OR {col} <= {limit})")
+        else:
+            good.append(f"({col} IS NOT NULL AND {col} <= {limit})")
+    return " AND ".join(good)
+
+
+def valid_sql(prefix: str = "r.") -> str:
+    """The latency half of a valid request: no latency negative (an absent one is fine)."""
+    return " AND ".join(f"({prefix}{n} IS NULL OR {prefix}{n} >= 0)" for n in fields.LATENCY_FIELDS)
+
+
+def column_sql(col: UnitColumn, alias: Mapping[str, str], period: str) -> str:
+    """One plan column as a ClickHouse aggregate over per-request rows whose sources are
+    ``alias[source]``, counting rows where ``period`` holds (the raw scan: the period; the
+    rollup recompute: validity)."""
     cond = [period, *(f"{alias[r]} IS NOT NULL" for r in col.requires)]
     if col.op == "count":
         return f"toFloat64(countIf({' AND '.join(cond)})) AS `{col.name}`"
-    v = f"ifNull({alias[col.source]}, 0)"
+    v = f"ifNull({alias[col.summed]}, 0)"
     expr = f"{v} * {v}" if col.op == "sumsq" else v
     return f"toFloat64(sumIf({expr}, {' AND '.join(cond)})) AS `{col.name}`"
 
 
-def _good_sql(slos: Mapping[str, float], params: dict[str, Any]) -> str:
-    good = [f"NOT {ERROR_SQL}"]
-    for name, bound in slos.items():
-        params[f"slo_{name}"] = float(bound)
-        if name == "tpot_ms":
-            good.append(f"(r.tpot_ms IS NULL OR r.tpot_ms <= {{slo_{name}:Float64}})")
-        else:
-            good.append(f"(r.{name} IS NOT NULL AND r.{name} <= {{slo_{name}:Float64}})")
-    return " AND ".join(good)
+_sql_column = column_sql
+_BILLED_COST = f"if(b.has = 1, b.billed, r.{COST})"  # in _sql_source's cost; without billing: the event's own
 
 
-_BILLED_COST = "if(b.has = 1, b.billed, r.cost_usd)"  # in _sql_source's cost_usd; without billing: r.cost_usd
+def _always_read(slos: Mapping[str, Any]) -> list[str]:
+    """The fields every scan reads: the latencies (validity, ``good``) and the cost (billing)."""
+    return [*fields.LATENCY_FIELDS, *(s for s in slos if s not in fields.LATENCY_FIELDS), COST]
 
 
 def _billing_join(fin: str) -> str:
     """Σ billed cost per trace (``b``), joined to the request rows ``r``."""
     return f"""LEFT JOIN (
-                SELECT cityHash64(trace_id) AS t, sum(cost_usd) AS billed, toUInt8(1) AS has FROM raw_events {fin}
-                WHERE type = 'cost' AND cost_usd IS NOT NULL GROUP BY t
+                SELECT cityHash64(trace_id) AS t, sum({COST}) AS billed, toUInt8(1) AS has FROM raw_events {fin}
+                WHERE type = 'cost' AND {COST} IS NOT NULL GROUP BY t
             ) AS b ON b.t = cityHash64(r.trace_id)"""
 
 
@@ -364,7 +456,7 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
         alias[s] = f"s{i}"
         exprs.append(f"{_sql_source(s, params)} AS s{i}")
     unit = "r.trace_id" if spec.request_randomized else "r.unit_id"
-    good = _good_sql(p.slos, params)
+    good = good_sql(p.slos, params)
     if spec.start:  # epoch milliseconds, compared as the offline path compares them
         params["start_ms"] = start_ms(spec.start)
         in_period = "toUnixTimestamp64Milli(r.ts) >= {start_ms:Int64}"
@@ -396,18 +488,16 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
     columns = ",\n               ".join(_sql_column(c, inner_alias, "1") for c in p.columns)
     billing_join = _billing_join(fin) if billing else ""
     if not billing:
-        exprs = [e.replace(_BILLED_COST, "r.cost_usd") for e in exprs]
+        exprs = [e.replace(_BILLED_COST, f"r.{COST}") for e in exprs]
     label_join = _label_join(fin) if any(s in LABELS for s in p.sources) else ""
     # pre-period requests count per unit whatever their variant (even none)
     valid = f"""r.type = 'inference' AND r.experiment = {{experiment:String}}
-              AND r.trace_id != '' AND {unit} != ''
-              AND (r.e2e_ms IS NULL OR r.e2e_ms >= 0) AND (r.ttft_ms IS NULL OR r.ttft_ms >= 0)
-              AND (r.tpot_ms IS NULL OR r.tpot_ms >= 0)"""
+              AND r.trace_id != '' AND {unit} != '' AND {valid_sql()}"""
     where = f"{valid} AND r.variant IN {{variants:Array(String)}}"
 
     # only the columns the plan reads (a FINAL scan reads every column it is given)
-    needed = ["ts", "variant", "unit_id", "trace_id", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "error"]
-    needed += [f for f in ("prompt_tokens", "output_tokens", "device_s") if f in p.sources]
+    needed = ["ts", "variant", "unit_id", "trace_id", *_always_read(p.slos), "error"]
+    needed += [f for f in SOURCE_FIELDS if f in p.sources and f not in needed]
     needed += ["measures"] if any(x.startswith(MEASURE_PREFIX) for x in p.sources) else []
     needed += ["dims"] if p.segments else []
     read = ", ".join(f"r.{c} AS {c}" for c in needed)
@@ -474,21 +564,19 @@ def shadow_sql(spec: Any, sources: tuple[str, ...], *, final: bool = True, billi
     params: dict[str, Any] = {"experiment": spec.key, "variants": [v.key for v in spec.variants]}
     exprs = [f"{_sql_source(src, params)} AS s{i}" for i, src in enumerate(sources)]
     if not billing:
-        exprs = [e.replace(_BILLED_COST, "r.cost_usd") for e in exprs]
-    good = _good_sql(spec.slos, params)
+        exprs = [e.replace(_BILLED_COST, f"r.{COST}") for e in exprs]
+    good = good_sql(spec.slos, params)
     unit = "r.trace_id" if spec.request_randomized else "r.unit_id"
     in_period = "1"
     if spec.start:
         params["start_ms"] = start_ms(spec.start)
         in_period = "toUnixTimestamp64Milli(r.ts) >= {start_ms:Int64}"
     valid = f"""r.experiment = {{experiment:String}} AND r.variant IN {{variants:Array(String)}}
-              AND r.trace_id != '' AND {unit} != '' AND {in_period}
-              AND (r.e2e_ms IS NULL OR r.e2e_ms >= 0) AND (r.ttft_ms IS NULL OR r.ttft_ms >= 0)
-              AND (r.tpot_ms IS NULL OR r.tpot_ms >= 0)"""
+              AND r.trace_id != '' AND {unit} != '' AND {in_period} AND {valid_sql()}"""
     # the primaries worth reading: those some shadow names (a superset without FINAL is as good a filter)
     shadows_of = "SELECT shadow_of FROM raw_events WHERE type = 'shadow' AND experiment = {experiment:String}"
-    read = ["event_id", "ts", "variant", "unit_id", "trace_id", "shadow_of", "e2e_ms", "ttft_ms", "tpot_ms", "cost_usd",
-            "error", *(f for f in ("prompt_tokens", "output_tokens", "device_s") if f in sources)]
+    read = ["event_id", "ts", "variant", "unit_id", "trace_id", "shadow_of", *_always_read(spec.slos), "error"]
+    read += [f for f in SOURCE_FIELDS if f in sources and f not in read]
     read += ["measures"] if any(x.startswith(MEASURE_PREFIX) for x in sources) else []
     billing_join = _billing_join(fin) if billing else ""
     label_join = _label_join(fin) if any(x in LABELS for x in sources) else ""
@@ -544,8 +632,8 @@ def start_ms(text: str) -> int:
 # The rule, in one place: the per-unit rollup keeps, per unit (and per unit and segment
 # value), the built-in columns and, for every *nullable* source (a latency or other catalogue
 # field, score, correct, measures.<name>), Σ value, the count of requests with a value, Σ value²
-# and Σ cost_usd over those requests. ``cost_usd`` and ``error`` are present on every request
-# (Σ: cost_usd_sum, errors; count: requests). So a column reads the rollup when it needs at
+# and Σ cost over those requests. The cost field and ``error`` are present on every request
+# (Σ: the cost's unit sum, errors; count: requests). So a column reads the rollup when it needs at
 # most one nullable source, except Σ of a nullable source over requests where another
 # nullable source is present (a ratio of two nullable sources, e.g. output_tokens /
 # prompt_tokens) and Σ error where a nullable source is present. Histograms of custom
@@ -553,18 +641,14 @@ def start_ms(text: str) -> int:
 # all-time sums only when no request precedes ``spec.start`` (checked on the store). What the
 # rollup cannot give keeps the raw scan (:func:`store_sql`).
 
-ALWAYS_PRESENT = {"cost_usd": "cost_usd_sum", "error": "errors"}
+ALWAYS_PRESENT = {COST: fields.unit_column(COST, "sum"), "error": "errors"}
 
-# The rollup's layout, the one contract between its writer (the loader's recompute,
-# ablab.streaming.store.rollup) and its reader (ablab.platform.analytics.results):
-# the built-in per-unit sums stored by name, the per-source maps, and the layout version
-# (rows computed under an older one are recomputed before they are read).
-ROLLUP_SUMS = (
-    "requests", "errors", "e2e_ms_sum", "e2e_ms_n", "e2e_ms_sq", "ttft_ms_sum", "ttft_ms_n", "ttft_ms_sq",
-    "tpot_ms_sum", "tpot_ms_n", "cost_usd_sum", "labeled", "correct", "labeled_cost_usd_sum", "good",
-)
-ROLLUP_MAPS = ("src_sum", "src_n", "src_sq", "src_cost")  # keyed by source: Σ value, count, Σ value², Σ cost_usd
-ROLLUP_VERSION = 1
+# The rollup's layout, the one contract between its writer and its reader (both in
+# ablab.streaming.store.rollup): the built-in per-unit sums stored by name (BUILTIN, i.e.
+# metrics.UNIT_COLUMNS), the per-source maps, and the layout version (rows computed under an
+# older one are recomputed before they are read).
+ROLLUP_MAPS = ("src_sum", "src_n", "src_sq", "src_cost")  # keyed by source: Σ value, count, Σ value², Σ cost
+ROLLUP_VERSION = 2  # 2: validity is every latency's (the tpot rule joined the raw scan's)
 _SEGMENTS_MARK = "+segments"
 
 
@@ -601,15 +685,15 @@ def rollup_column(col: UnitColumn, params: dict[str, Any], prefix: str = "") -> 
     if col.source in ALWAYS_PRESENT:
         if not nullable:
             return f"{prefix}{ALWAYS_PRESENT[col.source]}"  # error² = error
-        if col.op == "sum" and col.source == "cost_usd" and len(nullable) == 1:
+        if col.op == "sum" and col.source == COST and len(nullable) == 1:
             return f"{prefix}src_cost[{key(nullable[0])}]"
         return None
     if nullable != [col.source]:
         return None
-    return f"{prefix}{'src_sq' if col.op == 'sumsq' else 'src_sum'}[{key(col.source)}]"
+    return f"{prefix}{'src_sq' if col.op == 'sumsq' else 'src_sum'}[{key(col.summed)}]"
 
 
-def rollup_unsupported(p: UnitPlan, spec: Any, builtin: tuple[str, ...]) -> str | None:
+def rollup_unsupported(p: UnitPlan, spec: Any, builtin: tuple[str, ...] = UNIT_COLUMNS) -> str | None:
     """Why the rollup cannot serve this plan (None: it can, given no pre-``start`` requests).
     ``builtin``: the columns the rollup stores by name."""
     if spec.request_randomized:
@@ -625,7 +709,8 @@ def rollup_unsupported(p: UnitPlan, spec: Any, builtin: tuple[str, ...]) -> str 
 
 
 def rollup_select(p: UnitPlan, builtin: tuple[str, ...], params: dict[str, Any], prefix: str = "") -> str:
-    """The plan's in-period columns over rollup rows (call after :func:`rollup_unsupported`)."""
+    """The plan's in-period columns over rollup rows (call after :func:`rollup_unsupported`);
+    ``builtin``: the columns the rollup stores by name (``UNIT_COLUMNS``)."""
     out = []
     for c in p.columns:
         expr = f"{prefix}{c.name}" if c.name in builtin else rollup_column(c, params, prefix)

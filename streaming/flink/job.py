@@ -74,9 +74,12 @@ from pathlib import Path
 from typing import Any
 
 from ablab.platform.fields import (
+    AT_MOST,
+    COST_FIELD,
     FIELDS,
     FLINK_FIELDS,
     FLINK_TYPES,
+    HEADLINE_LATENCY,
     LATE_FIELDS,
     WINDOW_QUANTILES,
     WINDOWED,
@@ -112,13 +115,13 @@ class JobConfig:
     """How far ahead of the processing clock an event time may be. Further ahead, the
     record is rejected (the loader dead-letters it) and the watermark counts it as this far
     ahead at most, so one bad clock cannot make a partition's later events late."""
-    max_latency_ms: float = FIELDS["e2e_ms"].hi
+    max_latency_ms: float = FIELDS[HEADLINE_LATENCY].hi
     """Physical bounds, from the field catalogue the edge uses too (``ablab.platform.fields``:
     a latency within a day, cost and tokens below a ceiling): a record outside them is
     rejected, not windowed. The edge refuses the same; these catch producers that write to
     Kafka directly."""
-    max_cost_usd: float = FIELDS["cost_usd"].hi
-    max_tokens: int = int(FIELDS["prompt_tokens"].hi)
+    max_cost_usd: float = FIELDS[COST_FIELD].hi
+    max_tokens: int = int(max(f.hi for f in FIELDS.values() if f.unit == "tokens"))
     dedup_ttl_s: float = 600.0
     """How long the job remembers an event_id (Flink state TTL, processing time): a
     duplicate arriving later than this after the first copy is not recognised. One flag of
@@ -240,9 +243,9 @@ def statements(config: JobConfig, *, parts: tuple[str, ...] | None = None) -> li
 
 # --- the column lists, rendered from the field catalogue --------------------------------
 
-ORDERED: tuple[tuple[str, str], ...] = (("ttft_ms", "e2e_ms"),)
-"""(earlier, later): a request's first token cannot come after its end; the edge refuses the
-same (``ablab.platform.events``), with the earlier field named."""
+ORDERED: tuple[tuple[str, str], ...] = tuple((name, bound) for name, bound, _ in AT_MOST if name in FLINK_FIELDS)
+"""(field, bound): on one event the field never exceeds the bound (``fields.AT_MOST``: the first
+token comes no later than the last); the edge refuses the same, with the field named."""
 
 
 def _upper_bound(f: Field, config: JobConfig) -> str:

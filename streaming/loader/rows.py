@@ -23,9 +23,9 @@ from ablab.streaming.store.columns import RAW_COLUMNS
 WINDOW_COLUMNS = fields.WINDOW_COLUMNS
 """A window row as the Flink job emits it: generated from the field catalogue."""
 LATE_COLUMNS = (
-    "event_id", "type", "ts", "trace_id", "experiment", "variant", "window_start", "watermark", "e2e_ms",
-    "ttft_ms", "tpot_ms", "cost_usd", "prompt_tokens", "output_tokens", "is_error",
+    "event_id", "type", "ts", "trace_id", "experiment", "variant", "window_start", "watermark", *fields.LATE_FIELDS, "is_error",
 )
+"""A late event as late_events stores it: the catalogue's late fields (what its window sums)."""
 # What the loader itself can store and aggregate: ClickHouse's DateTime64 range, and numbers
 # whose squares are finite (window and rollup sums of squares). Physical bounds (a latency
 # within a day, an event time at most minutes ahead) are the edge's; these catch what a
@@ -114,10 +114,9 @@ def raw_event_row(event: Any, *, payload: bytes, partition: int, offset: int) ->
     return (
         event.event_id, STORED_SHADOW_TYPE if shadow_of else event.type, event.ts, get("trace_id") or "",
         get("experiment") or "",
-        get("variant") or "", get("unit_id") or "",
-        get("ttft_ms"), get("e2e_ms"), get("tpot_ms"), get("prompt_tokens"), get("output_tokens"),
-        get("device_s"), get("cost_usd"), get("price_version") or "", get("error"), get("strategy") or "",
-        get("correct"), get("score"), get("source") or "", payload.decode("utf-8", errors="replace"),
+        get("variant") or "", get("unit_id") or "", *map(get, fields.EVENT_FIELDS),
+        get("price_version") or "", get("error"), get("strategy") or "",
+        get("correct"), get("source") or "", payload.decode("utf-8", errors="replace"),
         get("measures") or {}, get("dims") or {}, partition, offset, shadow_of or "", get("shadow") or "",
     )
 
@@ -171,9 +170,8 @@ def _late_record(record: dict[str, Any], known_experiments: Collection[str] | No
     )
     return Routed("late_events", (
         values["event_id"], event_type, ts, values["trace_id"], experiment, record.get("variant") or "",
-        window_start, values["watermark"], _number(record, "e2e_ms"),
-        _number(record, "ttft_ms"), _number(record, "tpot_ms"), _number(record, "cost_usd"),
-        _number(record, "prompt_tokens"), _number(record, "output_tokens"), 1 if record.get("is_error") else 0,
+        window_start, values["watermark"], *(_number(record, name) for name in fields.LATE_FIELDS),
+        1 if record.get("is_error") else 0,
     ))
 
 

@@ -1,9 +1,12 @@
 """Insert column order of ``raw_events`` (migrations 0001, 0011 and 0014): the loader writes its
-rows in this order and the rollup reads them back by position, so it lives with the store."""
+rows in this order and the rollup reads them back by position, so it lives with the store. The
+measured fields are the field catalogue's (``ablab.platform.fields.EVENT_FIELDS``), in its order."""
 
-RAW_COLUMNS: tuple[str, ...] = (
-    "event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id",
-    "ttft_ms", "e2e_ms", "tpot_ms", "prompt_tokens", "output_tokens", "device_s", "cost_usd",
-    "price_version", "error", "strategy", "correct", "score", "source", "payload",
+from ablab.platform.fields import EVENT_FIELDS
+
+RAW_KEY: tuple[str, ...] = ("event_id", "type", "ts", "trace_id", "experiment", "variant", "unit_id")
+RAW_REST: tuple[str, ...] = (
+    "price_version", "error", "strategy", "correct", "source", "payload",
     "measures", "dims", "kafka_partition", "kafka_offset", "shadow_of", "shadow",
 )
+RAW_COLUMNS: tuple[str, ...] = (*RAW_KEY, *EVENT_FIELDS, *RAW_REST)

@@ -15,7 +15,14 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ablab.platform.fields import WINDOW_QUANTILES, WINDOWED, window_column, window_value_columns
+from ablab.platform.fields import (
+    HEADLINE_LATENCY,
+    WINDOW_QUANTILES,
+    WINDOWED,
+    fields_of,
+    window_column,
+    window_value_columns,
+)
 
 if TYPE_CHECKING:
     from clickhouse_connect.driver.client import Client
@@ -30,15 +37,18 @@ _LABELS = """
     GROUP BY trace_id
 """
 
-# Client-side latency per RUM event (raw_events FINAL: one row per event_id).
-_RUM = """
-    SELECT trace_id, e2e_ms
+# The fields a RUM event carries (client-side latency), per RUM event (raw_events FINAL: one
+# row per event_id); /timeseries shows each as rum_<field>_sum, _sumsq and _p95.
+RUM_FIELDS: tuple[str, ...] = tuple(f.name for f in fields_of("rum"))
+_RUM = f"""
+    SELECT trace_id, {', '.join(RUM_FIELDS)}
     FROM raw_events FINAL
     WHERE type = 'rum'
 """
 
+# The requests: what attribution by trace_id needs (their variant and window).
 _INFERENCE = """
-    SELECT trace_id, variant, unit_id, ts, e2e_ms, ttft_ms, tpot_ms, cost_usd, error
+    SELECT trace_id, variant, unit_id, ts
     FROM raw_events FINAL
     WHERE type = 'inference' AND experiment = {experiment:String}
 """
@@ -55,34 +65,6 @@ _INFERENCE_IN_RANGE = _INFERENCE + """
 def _rows(client: Client, sql: str, parameters: dict[str, Any]) -> list[dict[str, Any]]:
     result = client.query(sql, parameters=parameters)
     return [dict(zip(result.column_names, row)) for row in result.result_rows]
-
-
-def variant_unit_aggregates(client: Client, *, experiment: str) -> list[dict[str, Any]]:
-    """Per (variant, unit_id): request count, errors, sums and sums of squares of
-    e2e/ttft/tpot/cost, and labeled/correct counts of the requests' labels."""
-    sql = f"""
-        SELECT i.variant AS variant, i.unit_id AS unit_id,
-               count() AS n,
-               countIf(i.error IS NOT NULL) AS errors,
-               sum(i.e2e_ms) AS e2e_ms_sum, sum(i.e2e_ms * i.e2e_ms) AS e2e_ms_sumsq,
-               sum(i.ttft_ms) AS ttft_ms_sum, sum(i.ttft_ms * i.ttft_ms) AS ttft_ms_sumsq,
-               countIf(i.tpot_ms IS NOT NULL) AS tpot_ms_n,
-               sumOrDefault(assumeNotNull(i.tpot_ms)) AS tpot_ms_sum,
-               sumOrDefault(assumeNotNull(i.tpot_ms) * assumeNotNull(i.tpot_ms)) AS tpot_ms_sumsq,
-               sum(i.cost_usd) AS cost_usd_sum, sum(i.cost_usd * i.cost_usd) AS cost_usd_sumsq,
-               countIf(l.trace_id != '') AS labeled,
-               sumIf(l.label_correct, l.trace_id != '') AS correct
-        FROM ({_INFERENCE}) AS i
-        LEFT JOIN ({_LABELS}) AS l ON l.trace_id = i.trace_id
-        GROUP BY variant, unit_id
-        ORDER BY variant, unit_id
-    """
-    rows = _rows(client, sql, {"experiment": experiment})
-    for row in rows:
-        row["tpot_ms_sum"] = float(row["tpot_ms_sum"]) if row["tpot_ms_n"] else 0.0
-        row["tpot_ms_sumsq"] = float(row["tpot_ms_sumsq"]) if row["tpot_ms_n"] else 0.0
-        row["correct"] = int(row["correct"] or 0)
-    return rows
 
 
 def feedback_by_window(client: Client, *, experiment: str) -> list[dict[str, Any]]:
@@ -150,6 +132,10 @@ _WINDOWS_WITH_LATE = _windows_with_late_sql()
 
 
 _WINDOW_VALUES = ", ".join(f"w.{c} AS {c}" for c in window_value_columns())
+_RUM_STATS = ", ".join(
+    f"sum(c.{f}) AS {f}_sum, sum(c.{f} * c.{f}) AS {f}_sumsq, quantileExactInclusive(0.95)(c.{f}) AS {f}_p95" for f in RUM_FIELDS
+)
+_RUM_OUT = ", ".join(f"r.{f}_{s} AS rum_{f}_{s}" for f in RUM_FIELDS for s in ("sum", "sumsq", "p95"))
 
 
 def window_rows(
@@ -162,15 +148,13 @@ def window_rows(
         SELECT w.experiment AS experiment, w.variant AS variant, w.window_start AS window_start,
                w.window_end AS window_end, w.n AS n, w.late_n AS late_n, w.errors AS errors,
                {_WINDOW_VALUES},
-               r.n AS rum_n, r.e2e_ms_sum AS rum_e2e_ms_sum, r.e2e_ms_sumsq AS rum_e2e_ms_sumsq,
-               r.e2e_ms_p95 AS rum_e2e_ms_p95,
+               r.n AS rum_n, {_RUM_OUT},
                f.labeled AS labeled, f.correct AS correct,
                w.emitted_at AS emitted_at, w.loaded_at AS loaded_at
         FROM ({_WINDOWS_WITH_LATE}) AS w
         LEFT JOIN (
             SELECT i.variant AS variant, toStartOfInterval(i.ts, INTERVAL 10 SECOND) AS window_start,
-                   count() AS n, sum(c.e2e_ms) AS e2e_ms_sum, sum(c.e2e_ms * c.e2e_ms) AS e2e_ms_sumsq,
-                   quantileExactInclusive(0.95)(c.e2e_ms) AS e2e_ms_p95
+                   count() AS n, {_RUM_STATS}
             FROM ({_INFERENCE_IN_RANGE}) AS i INNER JOIN ({_RUM}) AS c ON c.trace_id = i.trace_id
             GROUP BY variant, window_start
         ) AS r ON r.variant = w.variant AND r.window_start = w.window_start
@@ -191,9 +175,9 @@ def window_rows(
 
 
 def late_events(client: Client, *, experiment: str) -> list[dict[str, Any]]:
-    sql = """
-        SELECT event_id, type, ts, trace_id, variant, window_start, watermark, e2e_ms
-        FROM late_events FINAL WHERE experiment = {experiment:String} ORDER BY ts, event_id
+    sql = f"""
+        SELECT event_id, type, ts, trace_id, variant, window_start, watermark, {HEADLINE_LATENCY}
+        FROM late_events FINAL WHERE experiment = {{experiment:String}} ORDER BY ts, event_id
     """
     return _rows(client, sql, {"experiment": experiment})
 

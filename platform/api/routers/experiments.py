@@ -7,13 +7,14 @@ from collections.abc import Callable
 from functools import partial
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Header, Query, Response, status
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Response, status
 
 from ablab.platform.api.deps import Editor, Limit, Offset, SessionDep, StateDep, Viewer, parse_if_match
 from ablab.platform.api.problems import responses
 from ablab.platform.api.state import AppState
 from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFailed, PreconditionRequired
 from ablab.platform.registry import service
+from ablab.platform.registry.models import Experiment
 from ablab.platform.registry.schemas import (
     AuditRead,
     ExperimentCreate,
@@ -27,23 +28,27 @@ router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 log = logging.getLogger(__name__)
 
 
-def _versioned(response: Response, exp) -> ExperimentRead:
+def _versioned(response: Response, exp: Experiment) -> ExperimentRead:
     """The read model, with the version as ETag for the next If-Match."""
     response.headers["ETag"] = f'"{exp.version}"'
     return service.to_read(exp)
 
 
-def _sync_rollup(state: AppState, exp) -> None:
-    """Its SLOs and segment choice to the per-unit rollup now, so results reads never write."""
+def _sync_rollup(state: AppState, exp: ExperimentRead) -> None:
+    """Its SLOs and segment choice to the per-unit rollup, so results reads never write. Run as
+    a background task, after the registry transaction committed (the store never holds the
+    registry's transaction open, and a store failure never undoes the write). A failure is
+    logged here and counted by the backend (``ablab_rollup_sync_failures``); until the
+    monitor's pass retries, results read ``raw_events`` (the rollup is not current)."""
     store = state.analytics
     if store is None:
         return
     from ablab.platform.analytics.service import sync_rollup
 
     try:
-        sync_rollup(store.sync_rollup, service.to_read(exp), settings=state.settings)
+        sync_rollup(store.sync_rollup, exp, settings=state.settings)
     except Exception:
-        log.warning("rollup sync of %s failed; the maintenance pass will retry", exp.key, exc_info=True)
+        log.warning("rollup sync of %s failed; the monitor's pass retries it", exp.key, exc_info=True)
 
 
 def _optional_version(if_match: str | None) -> int | None:
@@ -52,12 +57,14 @@ def _optional_version(if_match: str | None) -> int | None:
 
 @router.post("", status_code=status.HTTP_201_CREATED, responses=responses(Conflict, Invalid))
 def create_experiment(
-    body: ExperimentCreate, session: SessionDep, state: StateDep, principal: Editor, response: Response
+    body: ExperimentCreate, session: SessionDep, state: StateDep, principal: Editor, response: Response,
+    background: BackgroundTasks,
 ) -> ExperimentRead:
     exp = service.create_experiment(session, data=body, actor=principal.name, bucket_space=state.settings.bucket_space)
-    _sync_rollup(state, exp)
     response.headers["Location"] = f"/v1/experiments/{exp.key}"
-    return _versioned(response, exp)
+    read = _versioned(response, exp)
+    background.add_task(_sync_rollup, state, read)  # after the commit (SessionDep's scope ends first)
+    return read
 
 
 @router.get("")
@@ -94,13 +101,15 @@ def update_experiment(
     state: StateDep,
     principal: Editor,
     response: Response,
+    background: BackgroundTasks,
     if_match: Annotated[str | None, Header()] = None,
 ) -> ExperimentRead:
     exp = service.update_experiment(
         session, key=key, data=body, expected_version=parse_if_match(if_match), actor=principal.name
     )
-    _sync_rollup(state, exp)
-    return _versioned(response, exp)
+    read = _versioned(response, exp)
+    background.add_task(_sync_rollup, state, read)  # after the commit (SessionDep's scope ends first)
+    return read
 
 
 def _keyed_action(action: str, call: Callable[..., Any], doc: str) -> Callable[..., ExperimentRead]:

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from ablab.platform.analytics.results import aggregates_from_raw
+from ablab.platform.stats.spec import parse_spec
 from ablab.streaming.loader.rows import TABLE_COLUMNS, Routed, route
 from ablab.streaming.store import apply_ddl, queries
+from ablab.streaming.store.reads import StoreReads
 
 BASE = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -56,13 +60,18 @@ def test_per_unit_aggregates_count_each_event_once_and_attribute_late_labels(cli
         {"v": 1, "type": "feedback", "event_id": "f2", "ts": _ts(500), "trace_id": "t2", "correct": 0, "source": "human"},
     ]
     _load(client, [("i", e) for e in events] + [("f", f) for f in labels])
-    rows = {(r["variant"], r["unit_id"]): r for r in queries.variant_unit_aggregates(client, experiment="x")}
-    assert rows[("a", "u1")]["n"] == 2 and rows[("a", "u1")]["errors"] == 1
-    assert rows[("a", "u1")]["e2e_ms_sum"] == 30.0 and rows[("a", "u1")]["e2e_ms_sumsq"] == 500.0
+    # per unit, through the per-unit plan's raw scan (the one per-unit aggregation)
+    spec = parse_spec({"key": "x", "unit": "user", "control": "a",
+                       "variants": [{"key": "a", "weight": 0.5}, {"key": "b", "weight": 0.5}]})
+    units = aggregates_from_raw(StoreReads(client), spec).units
+    names = dict(client.query("SELECT DISTINCT cityHash64(unit_id), unit_id FROM raw_events").result_rows)
+    rows = {(str(v), names[int(u)]): {k: units[k][i] for k in units} for i, (v, u) in enumerate(zip(units["variant"], units["unit_id"]))}
+    assert rows[("a", "u1")]["requests"] == 2 and rows[("a", "u1")]["errors"] == 1
+    assert rows[("a", "u1")]["e2e_ms_sum"] == 30.0 and rows[("a", "u1")]["e2e_ms_sq"] == 500.0
     assert (rows[("a", "u1")]["labeled"], rows[("a", "u1")]["correct"]) == (1, 1)
     assert (rows[("b", "u2")]["labeled"], rows[("b", "u2")]["correct"]) == (1, 0)
     assert rows[("b", "u2")]["tpot_ms_n"] == 0 and rows[("b", "u2")]["cost_usd_sum"] == 0.25
-    assert queries.variant_unit_aggregates(client, experiment="other") == []
+    assert aggregates_from_raw(StoreReads(client), replace(spec, key="other")).units["requests"].size == 0
 
     windows = {(r["variant"], r["window_start"].second): (r["labeled"], r["correct"])
                for r in queries.feedback_by_window(client, experiment="x")}
@@ -108,5 +117,6 @@ def test_window_rows_and_reconciliation(client):
 def test_user_input_is_bound_not_formatted(client):
     _load(client, [("i", _inference(0, seconds=1, variant="a", unit="u", e2e=1.0))])
     hostile = "x' OR 1=1 --"
-    assert queries.variant_unit_aggregates(client, experiment=hostile) == []
+    assert queries.feedback_by_window(client, experiment=hostile) == []
+    assert queries.window_rows(client, experiment=hostile) == []
     assert queries.reconciliation(client, experiment=hostile)["raw"] == 0

@@ -27,6 +27,7 @@ CHILD = textwrap.dedent("""
     from ablab.platform.stats.spec import parse_spec
     from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
     from ablab.streaming.store import apply_ddl, make_client
+    from ablab.streaming.store.reads import StoreReads
 
     store, db = sys.argv[1:3]
     # traffic after the experiments start (now): events before a start are its pre-period, not analyzed
@@ -45,6 +46,7 @@ CHILD = textwrap.dedent("""
 
     client = make_client(f"chdb:///{store}")
     apply_ddl(client)
+    reads = StoreReads(client)  # results' port on the store
     import pandas as pd
     ev = pd.concat([ev, users], ignore_index=True)
     from ablab_testing import insert_synthetic_raw
@@ -76,7 +78,7 @@ CHILD = textwrap.dedent("""
         return {k: v / n for k, v in got.items()}
 
     before_split = split(config())
-    monitor = GuardrailMonitor(sessions, client, interval_s=3600, settings=settings)  # the loop itself waits an hour
+    monitor = GuardrailMonitor(sessions, reads, interval_s=3600, settings=settings)  # the loop itself waits an hour
     first = monitor.allocate_if_due(now=0.0)
     not_due = monitor.allocate_if_due(now=30.0)
     second = monitor.allocate_if_due(now=61.0)  # same data: shares barely move, no new phase
@@ -85,7 +87,7 @@ CHILD = textwrap.dedent("""
     # optimistic locking: someone edits the experiment between the allocator's read and write
     with transaction(sessions) as s:
         stale = registry.to_read(registry.get_experiment(s, "bandit"))
-    step = plan(client, stale, Settings(**{**settings.model_dump(), "allocator_min_change": 0.0}))
+    step = plan(reads, stale, Settings(**{**settings.model_dump(), "allocator_min_change": 0.0}))
     with transaction(sessions) as s:
         registry.update_experiment(s, key="bandit", data=ExperimentUpdate(name="renamed"),
                                    expected_version=stale.version, actor="someone")
@@ -96,7 +98,7 @@ CHILD = textwrap.dedent("""
         exp = registry.to_read(registry.get_experiment(s, "bandit"))
         users_exp = registry.to_read(registry.get_experiment(s, "users"))
         audit = [a.model_dump(mode="json") for a in registry.audit_log(s, key="bandit")]
-    result = service.results(client, exp, settings=settings)
+    result = service.results(reads, exp, settings=settings)
     print(json.dumps({
         "sla": sla, "p95": p95, "first": first, "not_due": not_due, "second": second, "raced": raced,
         "weights": {v.key: v.weight for v in exp.variants}, "phase": exp.phase, "name": exp.name,

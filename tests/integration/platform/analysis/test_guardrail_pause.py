@@ -22,6 +22,7 @@ CHILD = textwrap.dedent("""
     from ablab.platform.stats.spec import parse_spec
     from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
     from ablab.streaming.store import apply_ddl, make_client
+    from ablab.streaming.store.reads import StoreReads
 
     store, db = sys.argv[1:3]
     variants = {"control": VariantEffect(weight=0.5), "slow": VariantEffect(weight=0.5, latency=3.0)}
@@ -33,6 +34,7 @@ CHILD = textwrap.dedent("""
 
     client = make_client(f"chdb:///{store}")
     apply_ddl(client)
+    reads = StoreReads(client)  # results' port on the store
     from ablab_testing import insert_synthetic_raw
 
     insert_synthetic_raw(client, ev)
@@ -53,8 +55,8 @@ CHILD = textwrap.dedent("""
     def maintain(spec):  # what the API's store passes as its rollup maintenance step
         return sync(client, spec)
 
-    first = enforce_guardrails(sessions, client, sync_rollup=maintain)
-    second = enforce_guardrails(sessions, client, sync_rollup=maintain)  # already paused: nothing new
+    first = enforce_guardrails(sessions, reads, sync_rollup=maintain)
+    second = enforce_guardrails(sessions, reads, sync_rollup=maintain)  # already paused: nothing new
     with transaction(sessions) as s:
         reads = {k: registry.to_read(registry.get_experiment(s, k)) for k in ("exp", "other")}
         audit = [a.model_dump(mode="json") for a in registry.audit_log(s, key="exp")]

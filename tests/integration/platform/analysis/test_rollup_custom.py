@@ -61,6 +61,7 @@ CHILD = textwrap.dedent("""
     import json, pickle, sys
     import numpy as np
     from ablab.streaming.store import apply_ddl, make_client, rollup
+    from ablab.streaming.store.reads import StoreReads
     from ablab.platform.analytics import results as res
     from ablab.streaming.loader.rows import RAW_COLUMNS
 
@@ -91,7 +92,7 @@ CHILD = textwrap.dedent("""
         rollup.feed(client, [rows[j] for j in b])
         if i == 2:
             rollup.feed(client, [rows[j] for j in b])  # a replayed batch
-    out = {"applies": res.rollup_applies(spec), "current": res.rollup_current(client, spec)}
+    out = {"applies": res.rollup_applies(spec), "current": res.rollup_current(StoreReads(client), spec)}
 
     def dump(agg):
         cols = [c.name for c in (*plan.columns, *plan.pre_columns)]
@@ -103,18 +104,18 @@ CHILD = textwrap.dedent("""
         return {"units": units, "segments": segs}
 
     names = dict(client.query("SELECT DISTINCT cityHash64(unit_id), unit_id FROM raw_events").result_rows)
-    agg = res.aggregates(client, spec)
+    agg = res.aggregates(StoreReads(client), spec)
     out["source"] = agg.source
-    raw = res.aggregates_from_raw(client, spec)
+    raw = res.aggregates_from_raw(StoreReads(client), spec)
     for side, a in (("rollup", agg), ("raw", raw)):  # both key units by a 64-bit hash
         a.units["unit_id"] = np.asarray([names[int(u)] for u in a.units["unit_id"]], dtype=object)
         out[side] = dump(a)
-    out["results"] = res.results(client, spec)
+    out["results"] = res.results(StoreReads(client), spec)
     # what the rollup cannot give goes to the raw scan
     q = rollup_spec([*ROLLUP_CUSTOM, {"name": "steps_p90", "type": "quantile", "column": "measures.steps", "quantile": 0.9}])
     two = rollup_spec([{"name": "tpp", "type": "ratio", "numerator": "output_tokens", "denominator": "prompt_tokens"}])
     late = rollup_spec(start="2026-12-01T00:00:00+00:00")
-    out["routed"] = [res.aggregates(client, s).source for s in (q, two, late)]
+    out["routed"] = [res.aggregates(StoreReads(client), s).source for s in (q, two, late)]
     print(json.dumps(out))
 """)
 

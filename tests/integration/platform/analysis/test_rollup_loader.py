@@ -20,6 +20,7 @@ from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 from ablab.streaming.loader.service import Loader
 from ablab.streaming.store import rollup
+from ablab.streaming.store.reads import StoreReads
 from ablab_testing.loading import run_until_idle
 from ablab_testing.pipeline import PipelineTopics, RawProducer
 from ablab_testing.results import assert_same_results
@@ -125,7 +126,7 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
                        parameters={"e": spec.key}).result_rows[0][0] == 0
     stats, exposures = _rollup_stats(store, spec)
     from_rollup = analyze(spec=spec, stats=stats, exposures=exposures)
-    from_raw = results_from_raw(store, spec)
+    from_raw = results_from_raw(StoreReads(store), spec)
     offline, _ = analyze_events(events, spec)
     assert sum(s.ratios["error_rate"].sum_y for s in stats.values()) == len(inference)  # requests, once each
     assert sum(s.ratios["accuracy"].sum_y for s in stats.values()) == len({r["trace_id"] for r in labels})
@@ -152,5 +153,5 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
 
 
 def _rollup_stats(store, spec):
-    agg = aggregates_from_rollup(store, spec)
+    agg = aggregates_from_rollup(StoreReads(store), spec)
     return agg.stats, agg.exposures

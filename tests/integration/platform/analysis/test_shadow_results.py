@@ -103,6 +103,7 @@ def shadow_events(seed: int = 7) -> list[dict]:
 CHILD = textwrap.dedent("""
     import json, sys
     from ablab.streaming.store import apply_ddl, make_client, rollup
+    from ablab.streaming.store.reads import StoreReads
     from ablab.streaming.loader.rows import Routed, TABLE_COLUMNS, route
     from ablab.platform.analytics import results as res
     from ablab.platform.stats.spec import parse_spec
@@ -127,12 +128,12 @@ CHILD = textwrap.dedent("""
            "types": dict(client.query("SELECT type, count() FROM raw_events FINAL GROUP BY type").result_rows)}
     for j, spec in enumerate(specs):
         rollup.sync(client, spec)
-        out[f"raw{j}"] = res.results_from_raw(client, spec)
-        out[f"live{j}"] = res.results(client, spec)
-        out[f"source{j}"] = res.aggregates(client, spec).source
+        out[f"raw{j}"] = res.results_from_raw(StoreReads(client), spec)
+        out[f"live{j}"] = res.results(StoreReads(client), spec)
+        out[f"source{j}"] = res.aggregates(StoreReads(client), spec).source
     # an experiment without shadow activity has no shadows key
     plain = parse_spec({**json.load(open(specs_path))[0], "key": "quiet"})
-    out["quiet"] = res.results(client, plain)
+    out["quiet"] = res.results(StoreReads(client), plain)
     print(json.dumps(out))
 """)
 

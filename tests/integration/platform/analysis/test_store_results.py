@@ -23,6 +23,7 @@ CHILD = textwrap.dedent("""
     import json, sys
     import pandas as pd
     from ablab.streaming.store import apply_ddl, make_client
+    from ablab.streaming.store.reads import StoreReads
     from ablab.platform.stats.spec import parse_spec
     from ablab.platform.analytics.results import aggregates, results, results_from_raw, results_from_rollup
     from ablab.streaming.store.rollup import sync as sync_rollup
@@ -48,15 +49,15 @@ CHILD = textwrap.dedent("""
     spec = parse_spec(json.load(open(spec_path)))
     backfill_from_raw(client)  # the lookup tables, as migration 0006 does for a store filled before it
     sync_rollup(client, spec)  # the maintenance step: unit_stats computed (results reads never write)
-    out = {"raw": results_from_raw(client, spec), "rollup": results_from_rollup(client, spec)}
+    out = {"raw": results_from_raw(StoreReads(client), spec), "rollup": results_from_rollup(StoreReads(client), spec)}
     # a read never writes: under SLOs the rollup was not computed with, it scans raw_events
     def written():
         return [client.query(f"SELECT count() FROM {t}").result_rows[0][0] for t in ("unit_stats", "rollup_slos")]
     before = written()
     looser = parse_spec({**json.load(open(spec_path)), "slos": {"ttft_ms": 400}})
-    out["looser_source"] = aggregates(client, looser).source
-    out["looser"] = results(client, looser)
-    out["current_source"] = aggregates(client, spec).source
+    out["looser_source"] = aggregates(StoreReads(client), looser).source
+    out["looser"] = results(StoreReads(client), looser)
+    out["current_source"] = aggregates(StoreReads(client), spec).source
     out["writes"] = [a - b for a, b in zip(written(), before)]
     print(json.dumps(out))
 """)

@@ -87,6 +87,7 @@ CHILD = textwrap.dedent("""
     import json, pickle, sys
     import numpy as np
     from ablab.streaming.store import apply_ddl, make_client
+    from ablab.streaming.store.reads import StoreReads
     from ablab.platform.analytics.results import aggregates_from_raw, results_from_raw
 
     store, events_path, here = sys.argv[1:4]
@@ -99,14 +100,14 @@ CHILD = textwrap.dedent("""
     from ablab_testing import insert_synthetic_raw
 
     insert_synthetic_raw(client, ev)
-    agg = aggregates_from_raw(client, spec)
+    agg = aggregates_from_raw(StoreReads(client), spec)
     names = dict(client.query("SELECT DISTINCT cityHash64(unit_id), unit_id FROM raw_events").result_rows)
     units = {k: (v.tolist() if k != "unit_id" else [names[int(u)] for u in v]) for k, v in agg.units.items()}
     segs = {d: {val: {var: {"units": s.units, "ratios": {m: [r.sum_x, r.sum_y, r.sum_x2, r.sum_y2, r.sum_xy]
                                                            for m, r in s.ratios.items()}}
                       for var, s in by_var.items()} for val, by_var in vals.items()} for d, vals in agg.segments.items()}
     hists = {v: {k: h.counts.tolist() for k, h in hs.items()} for v, hs in agg.histograms.items()}
-    print(json.dumps({"units": units, "segments": segs, "histograms": hists, "results": results_from_raw(client, spec)}))
+    print(json.dumps({"units": units, "segments": segs, "histograms": hists, "results": results_from_raw(StoreReads(client), spec)}))
 """)
 
 

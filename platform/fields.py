@@ -20,6 +20,8 @@ definitions of ``ablab.platform.stats.metrics``, the paired (shadow) metrics, ``
 analyze``'s columns, the dashboards' labels, metric orders and defaults. The few roles a
 field plays by name (:data:`HEADLINE_LATENCY`, :data:`SLA_LATENCY`, :data:`COST_FIELD`) are
 named here once and checked against the table at import.
+``tests/unit/platform/test_fields_catalogue.py`` adds a field to a copy of this table and
+shows each of them pick it up.
 
 Statistics have one naming scheme: ``<field>_<stat>``, the field's full name and the
 statistic (``e2e_ms_sum``, ``e2e_ms_sumsq``, ``tpot_ms_n``, ``e2e_ms_p95``), in the window
@@ -341,8 +343,10 @@ COST_FIELD = "cost_usd"
 """The cost of a request: billing replaces the worker's estimate of it, its sum over
 labelled requests divided by correct ones is the cost per correct answer."""
 for _role in (HEADLINE_LATENCY, SLA_LATENCY):
-    assert _role in LATENCY_FIELDS and _role in HISTOGRAM_FIELDS, f"{_role} is not a latency with quantiles"
-assert COST_FIELD in MEAN_FIELDS and FIELDS[COST_FIELD].unit_kind == "usd", f"{COST_FIELD} is not a cost"
+    if _role not in LATENCY_FIELDS or _role not in HISTOGRAM_FIELDS:
+        raise ValueError(f"{_role} is not a latency with quantiles in the catalogue")
+if COST_FIELD not in MEAN_FIELDS or FIELDS[COST_FIELD].unit_kind != "usd":
+    raise ValueError(f"{COST_FIELD} is not a rolled-up cost in the catalogue")
 
 
 def unit_columns() -> tuple[str, ...]:

@@ -191,3 +191,20 @@ def test_the_cli_forces_a_ship_with_a_reason_after_confirmation(ship_api: ApiSer
         [entry, *_] = c.get(f"/v1/experiments/{FLAT}/audit").json()
     assert entry["action"] == "ship" and entry["after"]["ship"]["forced"] is True
     assert entry["after"]["ship"]["decision"] == "keep_running" and entry["after"]["ship"]["reason"] == "launch deadline"
+
+
+def test_the_dashboard_client_reads_and_ships_through_the_same_routes(ship_api: ApiServer) -> None:
+    from ablab.dashboards.client import ApiClient, ApiError
+
+    editor = ApiClient(ship_api.base_url, ship_api.tokens["editor"])
+    try:
+        with pytest.raises(ApiError) as refused:
+            editor.ship(HARM, "int8")
+        assert refused.value.status == 409 and refused.value.field == "variant" and "do not ship it" in refused.value.detail
+        assert editor.ship_status(HARM) is None
+        with ship_api.client("viewer") as c:
+            shipped = c.get(f"/v1/experiments/{WIN}/ship").json()["shipped"]
+        assert shipped is not None and editor.ship_status(WIN) == shipped  # shipped by the test above
+        assert editor.ship(WIN, "int8")["replayed"] is True
+    finally:
+        editor.close()

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 from . import _dist
 from .aggregates import VariantStats
@@ -59,12 +60,17 @@ def varying_factors(levels: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return [f for f in names if len({repr(lv.get(f)) for lv in levels.values()}) > 1]
 
 
-def _dummies(levels, control, factors):
+Levels = Mapping[str, Mapping[str, Any]]  # variant → factor → level
+Term = tuple[tuple[str, Any], ...]  # (factor, level) dummies multiplied together; () is the intercept
+FloatArray = NDArray[np.float64]
+
+
+def _dummies(levels: Levels, control: str, factors: Sequence[str]) -> list[tuple[str, Any]]:
     """Columns (factor, level) for every non-control level present."""
-    cols = []
+    cols: list[tuple[str, Any]] = []
     for f in factors:
         base = levels[control].get(f)
-        seen = []
+        seen: list[Any] = []
         for v in levels:
             lv = levels[v].get(f)
             if lv != base and lv not in seen:
@@ -73,11 +79,11 @@ def _dummies(levels, control, factors):
     return cols
 
 
-def _design(levels, variants, control, factors):
+def _design(levels: Levels, variants: Sequence[str], control: str, factors: Sequence[str]) -> tuple[list[Term], FloatArray]:
     """Treatment-coded design with the identifiable interactions (greedy by order, full rank kept)."""
     dummies = _dummies(levels, control, factors)
     indicator = {d: np.array([1.0 if levels[v].get(d[0]) == d[1] else 0.0 for v in variants]) for d in dummies}
-    terms: list[tuple[tuple[str, Any], ...]] = [()]
+    terms: list[Term] = [()]
     cols = [np.ones(len(variants))]
     for order in range(1, len(factors) + 1):
         for combo in itertools.combinations(dummies, order):
@@ -99,7 +105,7 @@ def _level_label(level: Any) -> str:
     return text if len(text) <= 48 else text[:45] + "..."
 
 
-def _term_name(term) -> str:
+def _term_name(term: Term) -> str:
     return " × ".join(f"{f}={_level_label(lv)}" for f, lv in term) if term else "intercept"
 
 
@@ -145,19 +151,24 @@ def factorial_analysis(
     }
 
 
-def _shapley(levels, variants, control, best, factors, terms, A, y, var, alpha) -> dict[str, Any]:
+def _shapley(
+    levels: Levels, variants: Sequence[str], control: str, best: str, factors: Sequence[str], terms: Sequence[Term],
+    A: FloatArray, y: FloatArray, var: FloatArray, alpha: float,
+) -> dict[str, Any]:
     players = [f for f in factors if levels[best].get(f) != levels[control].get(f)]
     index = {v: i for i, v in enumerate(variants)}
     e_control = np.eye(len(variants))[index[control]]
 
-    def cell_weights(subset: frozenset[str]) -> np.ndarray:
+    def cell_weights(subset: frozenset[str]) -> FloatArray:
         """Weights over the estimates giving v(S) = value(cell S) − value(control)."""
         cell = {f: (levels[best].get(f) if f in subset else levels[control].get(f)) for f in factors}
         for v in variants:  # an observed variant at exactly this cell
             if all(levels[v].get(f) == cell[f] for f in factors):
-                return np.eye(len(variants))[index[v]] - e_control
+                hit: FloatArray = np.eye(len(variants))[index[v]] - e_control
+                return hit
         row = np.array([1.0 if all(cell[f] == lv for f, lv in t) else 0.0 for t in terms])
-        return row @ A - e_control
+        fitted: FloatArray = row @ A - e_control
+        return fitted
 
     n = len(players)
     cache = {frozenset(s): cell_weights(frozenset(s)) for r in range(n + 1) for s in itertools.combinations(players, r)}
@@ -238,10 +249,11 @@ def attribute(
             lower_is_better=spec.metric_def(name).lower_is_better,
             alpha=spec.alpha,
         )
-    return json_ready({
+    out: dict[str, Any] = json_ready({
         "experiment": spec.key,
         "control": spec.control,
         "pareto": {"objectives": dict(objectives), "points": pareto_frontier(points, objectives)},
         "factors": {v: {f: levels[v].get(f) for f in varying_factors(levels)} for v in levels},
         "factorial": factorial,
     })
+    return out

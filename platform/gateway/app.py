@@ -16,6 +16,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ablab.platform.gateway import protocol
+from ablab.platform.gateway.auth import key_allowed, presented_key
 from ablab.platform.gateway.limits import HardeningMetrics
 from ablab.platform.gateway.model_routing import ModelCatalog
 from ablab.platform.gateway.observe import GatewayMetrics, tracer
@@ -171,7 +173,11 @@ def create_app(settings: GatewaySettings, *, sdk: Any = None, ship: bool = True,
     responses = ServingResponses(None)  # type: ignore[arg-type]
     servings: tuple[OpenAIServing, ...] = (chat, completion, embeddings, responses)
 
-    async def models(_: Request) -> Response:
+    async def models(request: Request) -> Response:
+        if settings.caller_key_digests and not key_allowed(settings.caller_key_digests, presented_key(request.headers)[0]):
+            body = protocol.error_body("this gateway needs a gateway key: send `Authorization: Bearer <key>` or "
+                                       "`X-Ablab-Key: <key>`", code="invalid_api_key")
+            return Response(body, status_code=401, media_type="application/json", headers={"www-authenticate": "Bearer"})
         return await list_models(holder["state"])
 
     async def healthz(_: Request) -> Response:

@@ -411,6 +411,8 @@ def response_view(body: Any) -> tuple[dict[str, Any] | None, int]:
                 chars += len(part["text"])
         if isinstance(item, dict) and isinstance(item.get("arguments"), str):
             chars += len(item["arguments"])
+    if usage is not None and "completion_tokens" not in usage and body.get("object") == "list":
+        usage = {**usage, "completion_tokens": 0}  # embeddings: their usage is exact, and generates nothing
     return usage, chars
 
 

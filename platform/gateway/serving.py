@@ -32,9 +32,9 @@ from ablab.platform.gateway.limits import ClientGone, HardeningMetrics, read_bod
 from ablab.platform.gateway.metering import Measurement, exposure_event, inference_event, strategy_id
 from ablab.platform.gateway.model_routing import ModelCatalog, ModelNotFound
 from ablab.platform.gateway.observe import GatewayMetrics, end_span, start_span
+from ablab.platform.gateway.outbox import outbox_refusal
 from ablab.platform.gateway.prompting import rewrite_request
 from ablab.platform.gateway.prompting.rates import take_notes
-from ablab.platform.gateway.outbox import outbox_refusal
 from ablab.platform.gateway.relay import SseResponse, UpstreamResponse
 from ablab.platform.gateway.rewrite import StrategyError, apply_strategy, strategy_problems
 from ablab.platform.gateway.settings import Backend, GatewaySettings
@@ -338,9 +338,17 @@ class OpenAIServing:
         stats = meter.stats
         finished = False
         clock = time.perf_counter
+        metering = True
         try:
             async for data in resp.aiter_raw():
-                out = meter.feed(data, clock())
+                if metering:
+                    try:
+                        out = meter.feed(data, clock())
+                    except Exception:  # metering never fails a stream: the rest is relayed as it comes
+                        call.bookkeeping_failed("stream_meter")
+                        metering, out = False, data
+                else:
+                    out = data
                 if stats.done and not finished:
                     finished = True
                     call.finish_stream(stats, error=_stream_error(stats))

@@ -298,3 +298,31 @@ def test_responses_api_is_404_where_no_backend_serves_it(hostile, tmp_path) -> N
         r = httpx.post(gw.url + "/v1/responses", json={"model": "m1", "input": "x"})
         assert r.status_code == 404 and r.json()["error"]["code"] == "unsupported_endpoint"
         assert "responses: true" in r.json()["error"]["message"] and len(hostile.requests) == seen
+
+
+def test_a_failing_stream_meter_never_breaks_the_stream(gw, monkeypatch) -> None:
+    from ablab.platform.gateway.stream import StreamMeter
+
+    def broken(self, data: bytes, now: float) -> bytes:
+        raise RuntimeError("meter bug")
+
+    monkeypatch.setattr(StreamMeter, "feed", broken)
+    client = openai.OpenAI(base_url=gw.url + "/v1", api_key="x", max_retries=0)
+    with client.responses.with_streaming_response.create(model="m1", input="capital?", stream=True) as raw:
+        kinds = [e.type for e in raw.parse()]
+    assert kinds[-1] == "response.completed" and kinds.count("response.output_text.delta") == 4  # every byte relayed
+    assert metric(gw, "ablab_gateway_bookkeeping_failures_total", stage="stream_meter") == 1
+
+
+def test_models_listing_needs_the_gateway_key_where_callers_need_one(hostile, tmp_path) -> None:
+    backends = {"h": Backend("h", hostile.url, models=None, timeout_s=5.0)}
+    with gateway(tmp_path, backends, caller_key_digests=frozenset({key_digest(KEY)})) as gw:
+        assert httpx.get(gw.url + "/v1/models").status_code == 401
+        listed = httpx.get(gw.url + "/v1/models", headers={"x-ablab-key": KEY}).json()["data"]
+        assert [m["id"] for m in listed][:2] == ["m1", "m2"]
+
+
+def test_embeddings_usage_is_exact_not_estimated(gw) -> None:
+    r = httpx.post(gw.url + "/v1/embeddings", json={"model": "m1", "input": "x", "user": "u5"})
+    ev = next(e for e in gw.events() if e["type"] == "inference" and e["trace_id"] == r.headers["x-ablab-trace-id"])
+    assert (ev["prompt_tokens"], ev["output_tokens"], ev["measures"]["tokens_estimated"]) == (5, 0, 0.0)

@@ -32,25 +32,26 @@ from pydantic import (
     model_validator,
 )
 
-from ablab.platform.fields import FIELDS, fields_of
-
-from .metrics import CustomMetric
+from .metrics import (
+    ERROR_SOURCE,
+    INFERENCE_SOURCES,
+    LABEL_SOURCES,
+    LOWER_IS_BETTER_SOURCES,
+    MEASURE_PREFIX,
+    CustomMetric,
+)
 
 Kind = Literal["mean", "proportion", "ratio", "quantile"]
 Aggregation = Literal["request", "unit_mean", "unit_sum"]
 KINDS: tuple[str, ...] = ("mean", "proportion", "ratio", "quantile")
 AGGREGATIONS: tuple[str, ...] = ("request", "unit_mean", "unit_sum")
 
-# Sources, from the field catalogue: every measured field of an inference event, a custom
-# measure, the trace's label (score/correct) and the error flag.
-INFERENCE_SOURCES: tuple[str, ...] = tuple(f.name for f in fields_of("inference"))
-MEASURE_PREFIX = "measures."
-EXTRA_SOURCES: tuple[str, ...] = ("score", "correct", "error")
+# Sources (the metric catalogue's, from the field catalogue): every measured field of an
+# inference event, a custom measure, the trace's label (score/correct) and the error flag.
+# The default direction is the catalogue's too (LOWER_IS_BETTER_SOURCES).
+EXTRA_SOURCES: tuple[str, ...] = (*LABEL_SOURCES, ERROR_SOURCE)
 KNOWN_SOURCES: tuple[str, ...] = (*INFERENCE_SOURCES, f"{MEASURE_PREFIX}<name>", *EXTRA_SOURCES)
-# Less is better by nature (the catalogue's direction: time, money) and for failures;
-# everything else (scores, token counts, measures): more is better.
-LOWER_IS_BETTER_SOURCES = frozenset({*(name for name, f in FIELDS.items() if f.direction == "lower"), "error"})
-BINARY_SOURCES = frozenset({"error", "correct"})  # a proportion also takes measures.* and score
+BINARY_SOURCES = frozenset({ERROR_SOURCE, "correct"})  # a proportion also takes measures.* and score
 MAX_NAME = 64
 _NAME = re.compile(r"[a-z][a-z0-9_]*")
 

@@ -56,7 +56,9 @@ def serve_scripted(port: int, tokens: int) -> None:
     asyncio.run(ScriptedBackend(tokens=tokens, port=port).serve_forever())
 
 
-def serve_gateway(port: int, backend_url: str, outbox: str) -> None:
+def serve_gateway(port: int, backend_url: str, outbox: str, reuseport: bool = False) -> None:
+    """One gateway process; with ``reuseport`` it binds with SO_REUSEPORT beside its siblings,
+    as ``ablab gateway --workers N`` does (each its own outbox; no forwarder: no API here)."""
     import uvicorn
 
     from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, VariantSpec
@@ -71,8 +73,14 @@ def serve_gateway(port: int, backend_url: str, outbox: str) -> None:
     sdk._ready.set()
     settings = GatewaySettings(backends={"b": Backend("b", backend_url, kind="openai", timeout_s=300)},
                                default_backend="b", outbox_dir=Path(outbox))
-    uvicorn.run(create_app(settings, sdk=sdk, ship=False), host="127.0.0.1", port=port, log_level="warning",
-                access_log=False, loop="uvloop", http="httptools")
+    app = create_app(settings, sdk=sdk, ship=False)
+    if not reuseport:
+        uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning", access_log=False, loop="uvloop", http="httptools")
+        return
+    from ablab.platform.gateway.relay_workers import reuseport_socket
+
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, loop="uvloop", http="httptools"))
+    server.run(sockets=[reuseport_socket("127.0.0.1", port)])
 
 
 def spawn(args: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
@@ -148,16 +156,31 @@ async def one(client, url: str, model: str, unit: str, max_tokens: int | None,
     return (ttft if ttft is not None else e2e) * 1000, e2e * 1000
 
 
+async def one_whole(client, url: str, model: str, unit: str, max_tokens: int | None,
+                    messages: list[dict] = MSGS) -> tuple[float, float]:
+    """A non-streamed request: (e2e, e2e) in ms, so the reports read alike."""
+    body = {"model": model, "messages": messages, "user": unit}
+    if max_tokens:
+        body["max_tokens"] = max_tokens
+    t0 = time.perf_counter()
+    r = await client.post(url + "/chat/completions", json=body)
+    if r.status_code != 200:
+        raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.text[:200]!r}")
+    e2e = (time.perf_counter() - t0) * 1000
+    return e2e, e2e
+
+
 async def level(targets: dict[str, str], model: str, concurrency: int, requests: int, rounds: int, max_tokens: int | None,
-                messages: list[dict] = MSGS) -> dict:
+                messages: list[dict] = MSGS, *, stream: bool = True) -> dict:
     import httpx
 
     results: dict[str, list[tuple[float, float]]] = {name: [] for name in targets}
     # The client drops idle connections before uvicorn's 5 s keep-alive timeout can race a reuse.
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
+    call = one if stream else one_whole
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         for url in targets.values():  # warm-up: connections, JITs, caches
-            await asyncio.gather(*(one(client, url, model, f"w{i}", max_tokens, messages) for i in range(min(concurrency, 8))))
+            await asyncio.gather(*(call(client, url, model, f"w{i}", max_tokens, messages) for i in range(min(concurrency, 8))))
         per_round = max(concurrency, requests // rounds)
         for r in range(rounds):
             for name, url in targets.items():
@@ -166,7 +189,7 @@ async def level(targets: dict[str, str], model: str, concurrency: int, requests:
                 async def worker() -> None:
                     while queue:
                         i = queue.pop()
-                        results[name].append(await one(client, url, model, f"u{r}-{i}", max_tokens, messages))
+                        results[name].append(await call(client, url, model, f"u{r}-{i}", max_tokens, messages))
 
                 await asyncio.gather(*(worker() for _ in range(concurrency)))
     return results
@@ -204,13 +227,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def throughput(url: str, pid: int, concurrency: int, requests: int) -> tuple[float, float, float]:
+async def throughput(url: str, pid: int | list[int], concurrency: int, requests: int) -> tuple[float, float, float]:
+    """(req/s wall, req/s per second of gateway CPU, gateway cores busy); ``pid`` may list several
+    gateway processes (workers), whose CPU is summed."""
     import httpx
 
+    pids = pid if isinstance(pid, list) else [pid]
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
         await asyncio.gather(*(one(client, url, "ok", f"w{i}", None) for i in range(concurrency)))
-        cpu0, t0 = cpu_seconds(pid), time.perf_counter()
+        cpu0, t0 = sum(cpu_seconds(p) for p in pids), time.perf_counter()
         queue = list(range(requests))
 
         async def worker() -> None:
@@ -219,8 +245,113 @@ async def throughput(url: str, pid: int, concurrency: int, requests: int) -> tup
                 await one(client, url, "ok", f"t{i}", None)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        wall, cpu = time.perf_counter() - t0, cpu_seconds(pid) - cpu0
+        wall, cpu = time.perf_counter() - t0, sum(cpu_seconds(p) for p in pids) - cpu0
     return requests / wall, requests / cpu if cpu > 0 else float("nan"), cpu / wall
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def inflight(gateway_url: str) -> float:
+    """The gateway's ``ablab_gateway_inflight`` gauge, summed over backends."""
+    import httpx
+
+    text = httpx.get(gateway_url.removesuffix("/v1") + "/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("ablab_gateway_inflight{"))
+
+
+async def soak(url: str, pid: int, minutes: float, concurrency: int = 64) -> dict:
+    """``concurrency`` streams for ``minutes``; every other one hangs up after its first content
+    chunk (a client disconnect mid-stream). RSS at start (after a warm-up) and end, each minute
+    between, and the in-flight gauge once the last stream is gone (it must return to 0)."""
+    import httpx
+
+    limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
+    counts = {"completed": 0, "disconnected": 0, "errors": 0}
+    samples: list[tuple[float, float]] = []
+    async with httpx.AsyncClient(timeout=60, limits=limits) as client:
+        await asyncio.gather(*(one(client, url, "sleep-5", f"w{i}", None) for i in range(concurrency)))
+        start_rss = rss_mib(pid)
+        t0 = time.monotonic()
+        deadline = t0 + minutes * 60
+
+        async def stream(n: int) -> None:
+            i = 0
+            while time.monotonic() < deadline:
+                i += 1
+                body = {"model": "sleep-5", "messages": MSGS, "stream": True, "user": f"s{n}-{i}"}
+                try:
+                    async with client.stream("POST", url + "/chat/completions", json=body) as r:
+                        async for chunk in r.aiter_raw():
+                            if i % 2 and _has_content(chunk):
+                                break  # hang up mid-stream: the context manager closes the connection
+                    counts["disconnected" if i % 2 else "completed"] += 1
+                except httpx.HTTPError:
+                    counts["errors"] += 1
+
+        async def sample() -> None:
+            while time.monotonic() < deadline:
+                await asyncio.sleep(min(60.0, max(1.0, minutes * 60 / 10)))
+                samples.append((round(time.monotonic() - t0, 1), round(rss_mib(pid), 1)))
+
+        await asyncio.gather(sample(), *(stream(n) for n in range(concurrency)))
+    end_rss = rss_mib(pid)
+    left = inflight(url)
+    settle = time.monotonic() + 10
+    while left and time.monotonic() < settle:
+        await asyncio.sleep(0.2)
+        left = inflight(url)
+    return {"minutes": minutes, "streams": concurrency, **counts, "rss_mib_start": round(start_rss, 1),
+            "rss_mib_end": round(end_rss, 1), "rss_samples": samples, "inflight_after": left}
+
+
+def goals_table(out: dict) -> list[tuple[str, str, str, bool | None]]:
+    """(goal, target, measured, met) for every goal of issue 36 this run measured."""
+    rows: list[tuple[str, str, str, bool | None]] = []
+    tp = out.get("throughput")
+    if tp:
+        rows.append(("streamed req/s per gateway core (16 chunks)", ">= 2000", f"{tp['req_s_per_core']:.0f}",
+                     tp["req_s_per_core"] >= 2000))
+    for c, level_rows in sorted((out.get("scripted") or {}).items()):
+        ab = next((r for r in level_rows if r["target"] == "ablab"), None)
+        ll = next((r for r in level_rows if r["target"] == "litellm"), None)
+        if ab is None:
+            continue
+        if c == max(out["scripted"]):
+            rows.append((f"added TTFT p50 at {c} streams", "<= 1 ms", f"{ab['add_ttft_p50']:+.2f} ms", ab["add_ttft_p50"] <= 1))
+            rows.append((f"added TTFT p99 at {c} streams", "<= 5 ms", f"{ab['add_ttft_p99']:+.2f} ms", ab["add_ttft_p99"] <= 5))
+        if ll is not None:
+            ratio = ll["add_ttft_p50"] / ab["add_ttft_p50"] if ab["add_ttft_p50"] > 0 else float("inf")
+            rows.append((f"LiteLLM added / ablab added, TTFT p50 at {c}", "> 1", f"{ratio:.1f}x", ratio > 1))
+    for c, level_rows in sorted((out.get("whole") or {}).items()):
+        ab = next((r for r in level_rows if r["target"] == "ablab"), None)
+        if ab is not None:
+            rows.append((f"non-streamed added p50 at {c} concurrent", "<= 0.5 ms", f"{ab['add_e2e_p50']:+.2f} ms",
+                         ab["add_e2e_p50"] <= 0.5))
+    sc = out.get("scaling")
+    if sc:
+        rows.append((f"{sc['workers']} workers / 1 worker, req/s wall", ">= 1.8x (16-core host)",
+                     f"{sc['ratio']:.2f}x ({sc['one']:.0f} -> {sc['many']:.0f} req/s)", sc["ratio"] >= 1.8))
+    sk = out.get("soak")
+    if sk:
+        grew = sk["rss_mib_end"] - sk["rss_mib_start"]
+        rows.append((f"soak {sk['minutes']} min, {sk['streams']} streams, half cut mid-stream", "RSS flat, in-flight 0",
+                     f"RSS {sk['rss_mib_start']} -> {sk['rss_mib_end']} MiB, in-flight {sk['inflight_after']:.0f}",
+                     grew < 0.1 * sk["rss_mib_start"] + 20 and sk["inflight_after"] == 0))
+    return rows
+
+
+def print_goals(out: dict) -> None:
+    rows = goals_table(out)
+    out["goals"] = [{"goal": g, "target": t, "measured": m, "met": ok} for g, t, m, ok in rows]
+    print("\nGoals (issue 36), this run:")
+    width = max((len(g) for g, *_ in rows), default=10)
+    for g, t, m, ok in rows:
+        print(f"  {g:{width}}  {t:>24}  {m:>36}  {'met' if ok else 'NOT met'}")
 
 
 def run_worker(args, tmp: Path, procs: list, backend_and_proxies, out: dict) -> None:
@@ -250,6 +381,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=16, help="Content chunks per scripted answer.")
     ap.add_argument("--throughput-requests", type=int, default=2000)
+    ap.add_argument("--whole-levels", default="1,16", help="Concurrency levels for non-streamed requests ('' skips).")
+    ap.add_argument("--scaling-workers", type=int, default=0, help="Also compare N gateway processes on one port "
+                    "(SO_REUSEPORT, as --workers N) with one, in wall req/s (meaningful on a host with spare cores).")
+    ap.add_argument("--soak-minutes", type=float, default=0.0, help="Then soak the gateway: 64 streams, half cut "
+                    "mid-stream; RSS start/end and the in-flight gauge after.")
     ap.add_argument("--llama", action="store_true", help="Also measure in front of llama_cpp.server with SmolLM2.")
     ap.add_argument("--llama-levels", default="1,16")
     ap.add_argument("--llama-requests", type=int, default=16)
@@ -291,10 +427,31 @@ def main() -> None:
         for c in levels:
             res = asyncio.run(level(targets, "ok", c, max(args.requests, c * 4), args.rounds, None))
             out["scripted"][c] = report(f"scripted backend, {c} concurrent streams ({args.tokens} chunks each)", res)
+        out["whole"] = {}
+        for c in [int(x) for x in args.whole_levels.split(",") if x]:
+            res = asyncio.run(level(targets, "ok", c, max(args.requests, c * 4), args.rounds, None, stream=False))
+            out["whole"][c] = report(f"scripted backend, non-streamed, {c} concurrent ({args.tokens} tokens)", res)
         rps, per_core, cores = asyncio.run(throughput(targets["ablab"], gw_pid, 64, args.throughput_requests))
         out["throughput"] = {"req_s": rps, "req_s_per_core": per_core, "gateway_cores_busy": cores}
         print(f"\nablab gateway throughput (64 streams, scripted): {rps:.0f} req/s wall, "
               f"{per_core:.0f} req/s per core of gateway CPU (gateway used {cores:.2f} cores)")
+        if args.scaling_workers > 1:
+            port = free_port()
+            many = [spawn([py, me, "--serve-gateway", str(port), f"http://127.0.0.1:{sp}/v1", str(tmp / f"outbox-w{i}"),
+                           "reuseport"], tmp / f"gateway-w{i}.log") for i in range(args.scaling_workers)]
+            procs.extend(many)
+            for i, p in enumerate(many):
+                wait_up(f"http://127.0.0.1:{port}/healthz", p, tmp / f"gateway-w{i}.log")
+            time.sleep(2)  # every worker up (wait_up may have reached any one of them)
+            m_rps, m_per_core, m_cores = asyncio.run(throughput(f"http://127.0.0.1:{port}/v1", [p.pid for p in many], 128,
+                                                                args.throughput_requests))
+            out["scaling"] = {"workers": args.scaling_workers, "one": rps, "many": m_rps, "ratio": m_rps / rps,
+                              "many_req_s_per_core": m_per_core, "many_cores_busy": m_cores}
+            print(f"{args.scaling_workers} gateway workers: {m_rps:.0f} req/s wall ({m_rps / rps:.2f}x one worker), "
+                  f"{m_per_core:.0f} req/s per core, {m_cores:.2f} cores busy")
+        if args.soak_minutes > 0:
+            out["soak"] = asyncio.run(soak(targets["ablab"], gw_pid, args.soak_minutes))
+            print(f"\nsoak: {out['soak']}")
         for p in procs[1:]:
             os.killpg(p.pid, signal.SIGTERM)
         for p in procs[1:]:
@@ -333,6 +490,7 @@ def main() -> None:
             except (ProcessLookupError, subprocess.TimeoutExpired):
                 pass
     out["machine"]["load_after"] = os.getloadavg()
+    print_goals(out)
     print(f"\nload average before {out['machine']['load_before']}, after {out['machine']['load_after']}; cpus {os.cpu_count()}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=2))
@@ -342,6 +500,6 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--serve-scripted":
         serve_scripted(int(sys.argv[2]), int(sys.argv[3]))
     elif len(sys.argv) > 1 and sys.argv[1] == "--serve-gateway":
-        serve_gateway(int(sys.argv[2]), sys.argv[3], sys.argv[4])
+        serve_gateway(int(sys.argv[2]), sys.argv[3], sys.argv[4], reuseport=sys.argv[5:6] == ["reuseport"])
     else:
         main()

@@ -92,7 +92,7 @@ def test_estimators_agree_with_the_on_policy_value_and_cover_it(env, router, mod
     plan, level, _ = env.context_grid()  # the rule is a policy other than the logging one
     grid = env.features(plan, level)
     assert not np.allclose(targets["a rule"].probability_matrix(grid, plan.size), logging.probability_matrix(grid, plan.size))
-    rng = np.random.default_rng(7)  # other seeds: every coverage within 0.93–0.96 (docs/policies.md)
+    rng = np.random.default_rng(7)  # seeds 1, 2, 3, 2026 give coverages 0.930–0.962 too (docs/policies.md)
     got: dict[str, dict[str, list[tuple[float, float, float]]]] = {t: {"ips": [], "snips": [], "dr": []} for t in targets}
     for _ in range(LOGS):
         logs = simulate_logs(env, logging, rng, REQUESTS, UNITS)

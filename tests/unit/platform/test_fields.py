@@ -1,7 +1,9 @@
 """The field catalogue against everything that names a field without a database: the event
-models' bounds, the Flink SQL (parsed), the loader's column tuples, the timeseries maps and
-the dashboard labels. ``tests/integration/streaming/test_catalogue.py`` does the same for
-the ClickHouse tables of a migrated store."""
+models' bounds, the loader's column tuples, the timeseries maps and the dashboard labels.
+The Flink job renders its column lists from the catalogue
+(``tests/unit/streaming/test_flink_catalogue.py`` reads them back);
+``tests/integration/streaming/test_catalogue.py`` checks the ClickHouse tables of a migrated
+store; ``test_fields_catalogue.py`` adds a field and follows it through the results side."""
 
 from __future__ import annotations
 
@@ -12,48 +14,7 @@ import pytest
 
 from ablab.platform import events, fields
 from ablab.platform.fields import FIELDS, mismatches
-from ablab.streaming.flink import job
 from ablab.streaming.loader import rows
-
-
-def _flink_problems(declared: dict[str, dict[str, str]]) -> list[str]:
-    problems = []
-    for table, (kind, expected) in fields.flink_expected().items():
-        if table not in declared:
-            problems.append(f"{table}: not declared in streaming/flink/sql")
-            continue
-        problems += mismatches(table, kind, expected, declared[table], fields.FLINK_FIXED.get(table, frozenset()))
-    return problems
-
-
-def test_flink_sources_and_sinks_agree_with_the_catalogue() -> None:
-    assert _flink_problems(job.declared_tables()) == []
-
-
-@pytest.mark.parametrize(
-    ("old", "new", "complaint"),
-    [
-        ("e2e_ms_sumsq DOUBLE,", "e2e_ms_sumsq BIGINT,", "inference_window_sink.e2e_ms_sumsq: type BIGINT"),
-        ("ttft_ms_p99 DOUBLE,", "", "inference_window_sink: missing column ttft_ms_p99"),
-        ("cost_usd_sumsq DOUBLE,", "cost_usd_sumsq DOUBLE, cost_usd_p95 DOUBLE,", "column cost_usd_p95 is not in the field catalogue"),
-        ("    output_tokens BIGINT,\n", "", "inference_events: missing column output_tokens"),
-    ],
-)
-def test_the_flink_check_fails_on_a_wrong_schema(old: str, new: str, complaint: str) -> None:
-    sql = "\n".join(path.read_text() for path in job.sql_files())
-    assert old in sql
-    problems = _flink_problems(job.declared_tables(sql.replace(old, new, 1)))
-    assert any(complaint in p for p in problems), problems
-
-
-def test_flink_screening_bounds_every_field_it_reads() -> None:
-    transform = (job.SQL_DIR / "30_transform.sql").read_text()
-    screened = set(re.findall(r"NOT \((\w+) BETWEEN", transform))
-    assert screened == set(fields.FLINK_FIELDS)
-    config = job.JobConfig()
-    assert config.max_latency_ms == FIELDS["e2e_ms"].hi == FIELDS["ttft_ms"].hi == FIELDS["tpot_ms"].hi
-    assert config.max_cost_usd == FIELDS["cost_usd"].hi
-    assert config.max_tokens == FIELDS["prompt_tokens"].hi == FIELDS["output_tokens"].hi
 
 
 def test_loader_column_tuples_agree_with_the_catalogue() -> None:

@@ -68,7 +68,7 @@ def _file(path, events: list[dict]) -> pa.Table:
 def test_route_equals_the_shared_function_on_todays_logs(api, tmp_path) -> None:
     key = f"ope-{uuid.uuid4().hex[:6]}"
     body = {"key": key, "name": key, "traffic": 1, "control": "a",
-            "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 3}], "metrics": {"primary": "accuracy"}}
+            "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 3}], "metrics": {"primary": ["accuracy"]}}
     with api.client("editor") as c:
         c.post("/v1/experiments", json=body).raise_for_status()
         c.post(f"/v1/experiments/{key}/start").raise_for_status()

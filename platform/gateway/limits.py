@@ -38,8 +38,10 @@ BODY_TIMEOUT_S = 30.0
 # httptools (uvicorn[standard]) reports where a head ends; under h11 its own size bound holds.
 _COUNTS_HEAD = hasattr(AutoHTTPProtocol, "on_headers_complete")
 
-_STATUS_LINES = {408: b"HTTP/1.1 408 Request Timeout\r\n", 431: b"HTTP/1.1 431 Request Header Fields Too Large\r\n"}
-_MESSAGES = {408: "the request body did not arrive in time", 431: "the request's headers are too large or too many"}
+_STATUS_LINES = {400: b"HTTP/1.1 400 Bad Request\r\n", 408: b"HTTP/1.1 408 Request Timeout\r\n",
+                 431: b"HTTP/1.1 431 Request Header Fields Too Large\r\n"}
+_MESSAGES = {400: "the request is not valid HTTP/1.1", 408: "the request body did not arrive in time",
+             431: "the request's headers are too large or too many"}
 
 # Refusals made below the app (the protocol) are counted through these, one per running app
 # (its lifespan registers its counter); a plain list, as a protocol has no handle on the app.
@@ -171,11 +173,13 @@ class GatewayHTTPProtocol(GuardedHTTPProtocol):
         super().on_header(name, value)
 
     def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to what its parser refuses, in OpenAI's error shape (431 where the
+        head was refused for its header count)."""
         if self._refusing == 431:
             self._refusing = None
             self._refuse(431, "too_many_headers")
             return
-        super().send_400_response(msg)
+        self._refuse(400, "invalid_http")
 
     def on_headers_complete(self) -> None:
         self._in_head = False

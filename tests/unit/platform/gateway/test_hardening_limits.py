@@ -217,3 +217,14 @@ def test_the_connection_cap_refuses_past_it(backend, tmp_path) -> None:
                 break
             time.sleep(0.05)
         assert r.status_code == 200
+
+
+def test_what_the_http_parser_refuses_is_a_400_in_openai_shape(gw) -> None:
+    port, app = gw
+    for bad in (b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Length: abc\r\n\r\n",
+                b"GARBAGE\x00\x01 / HTTP/9\r\n\r\n"):
+        with connect(port) as s:
+            s.sendall(bad)
+            status, body = status_and_body(read_all(s))
+        assert status == 400 and body["error"]["code"] == "invalid_http" and body["error"]["type"] == "invalid_request_error"
+    assert metric(app, "invalid_http") == 2

@@ -84,7 +84,7 @@ class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class Cuped(_Closed):
+class CupedCovariate(_Closed):
     """``{covariate: pre_period | <source>}``: the same metric before the experiment's
     ``start``, or another source measured in the period (unaffected by the treatment)."""
 
@@ -140,7 +140,7 @@ class CustomMetricBase(_Closed):
 
     def definition(self) -> CustomMetric:
         """The engine's runtime definition of this metric."""
-        cuped: Cuped | None = getattr(self, "cuped", None)
+        cuped: CupedCovariate | None = getattr(self, "cuped", None)
         return CustomMetric(
             name=self.name, kind=self.type, column=getattr(self, "column", None),
             numerator=getattr(self, "numerator", None), denominator=getattr(self, "denominator", None),
@@ -165,7 +165,7 @@ class MeanMetric(CustomMetricBase):
 
     type: Literal["mean"]
     column: Source
-    cuped: Cuped | None = None
+    cuped: CupedCovariate | None = None
 
     @property
     def natural_source(self) -> str:
@@ -177,7 +177,7 @@ class ProportionMetric(CustomMetricBase):
 
     type: Literal["proportion"]
     column: Source
-    cuped: Cuped | None = None
+    cuped: CupedCovariate | None = None
 
     @field_validator("column")
     @classmethod
@@ -198,7 +198,7 @@ class RatioMetric(CustomMetricBase):
     numerator: Source
     denominator: Source
     scale: float = Field(default=1.0, description="A finite factor > 0, e.g. 1000 for per-1k.")
-    cuped: Cuped | None = None
+    cuped: CupedCovariate | None = None
 
     @field_validator("aggregation")
     @classmethod

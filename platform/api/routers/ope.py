@@ -107,8 +107,8 @@ def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, body: OpeReq
     if body.model is not None:
         try:
             model = PolicyModel.from_json(body.model)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise Invalid(f"model: {exc}", field="model") from exc
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # any malformed document
+            raise Invalid(f"model: not a policy model document ({exc!r})", field="model") from exc
     try:
         return ope_from_events(logged_events(store, exp.key), spec, body.policy, metric=body.metric, model=model)
     except CandidateError as exc:

@@ -191,6 +191,18 @@ class OpenAIServing:
                         media_type="application/json", headers=headers)
 
     async def handle(self, request: Request) -> Response:
+        """The request path; a failure of the gateway's own is logged and answered 500 in
+        OpenAI's error shape (never a plain-text 500 or a reset connection)."""
+        try:
+            return await self._handle(request)
+        except Exception:
+            log.exception("gateway failure on %s", self.endpoint)
+            self._count_refused("gateway_error", None)
+            return Response(protocol.error_body("the gateway failed on this request (logged with its trace)",
+                                                kind="server_error", code="gateway_error"),
+                            status_code=500, media_type="application/json")
+
+    async def _handle(self, request: Request) -> Response:
         st = self.state
         start = time.perf_counter()
         ts = datetime.now(UTC)

@@ -44,7 +44,9 @@ BASE = {
                       "instructions": "Be brief.", "user": "fuzz-4", "max_output_tokens": 16},
 }
 VARIANTS = {"a": {}, "b": {"system_prompt": "Answer in one word.", "cot_depth": 2, "params": {"temperature": 0.1}},
-            "c": {"prompt_template": "structured", "params": {"max_tokens": 4}}}
+            "c": {"prompt_template": "structured", "params": {"max_tokens": 4}},
+            "d": {"dialogue_state": {"slots": {"city": "(?i)in ([A-Z][a-z]+)"}},
+                  "prompt_split": {"prefill_tps": 1000.0, "latency_budget_ms": 5.0}}}
 
 
 def random_string(rng: random.Random) -> str:

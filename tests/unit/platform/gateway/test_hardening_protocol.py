@@ -326,3 +326,18 @@ def test_embeddings_usage_is_exact_not_estimated(gw) -> None:
     r = httpx.post(gw.url + "/v1/embeddings", json={"model": "m1", "input": "x", "user": "u5"})
     ev = next(e for e in gw.events() if e["type"] == "inference" and e["trace_id"] == r.headers["x-ablab-trace-id"])
     assert (ev["prompt_tokens"], ev["output_tokens"], ev["measures"]["tokens_estimated"]) == (5, 0, 0.0)
+
+
+def test_a_gateway_bug_is_a_500_in_openai_shape_and_the_connection_goes_on(gw, monkeypatch) -> None:
+    import ablab.platform.gateway.serving as serving
+
+    async def broken(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        raise RuntimeError("rewrite bug")
+
+    with httpx.Client(timeout=10) as c:
+        monkeypatch.setattr(serving, "rewrite_request", broken)
+        r = c.post(gw.url + "/v1/chat/completions", json={"model": "m1", "messages": MSGS})
+        assert r.status_code == 500 and r.json()["error"]["code"] == "gateway_error"
+        assert "rewrite bug" not in r.text  # the detail is in the log, not the answer
+        monkeypatch.undo()
+        assert c.post(gw.url + "/v1/chat/completions", json={"model": "m1", "messages": MSGS}).status_code == 200

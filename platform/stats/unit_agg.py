@@ -4,16 +4,19 @@ how each is computed from the experiment's requests.
 :func:`plan` turns an :class:`~.spec.ExperimentSpec` into a :class:`UnitPlan` — the built-in
 columns of :data:`.metrics.UNIT_COLUMNS`, every custom metric's :func:`.metrics.custom_columns`
 (pre-period and covariate columns included), the histograms of quantile metrics and the
-segment dimensions. Two renderings of the same plan exist, so the store and ``ablab
-analyze`` cannot drift:
+segment dimensions (:data:`BUILTIN`: the built-in columns, defined from the field catalogue).
+Three renderings of the same plan exist, so the store, its rollup and ``ablab analyze``
+cannot drift:
 
-- :func:`store_sql` — the ClickHouse text (values are bound parameters; a measure or
-  dimension name is a parameter, never spliced into the text);
-- :func:`per_unit_numpy` / :func:`histograms_numpy` — ``np.bincount`` over request arrays;
-- :func:`rollup_select` — the same columns read from the loader-maintained per-unit rollup,
-  for the plans :func:`rollup_unsupported` accepts (the rule, stated once, is above it).
+- :func:`store_sql` — the raw scan, ClickHouse text over ``raw_events`` (values are bound
+  parameters; a measure or dimension name is a parameter, never spliced into the text);
+- the rollup recompute (``ablab.streaming.store.rollup``) — :data:`BUILTIN` through
+  :func:`column_sql` over the loader's lookup tables, stored per unit, and read back by
+  :func:`rollup_select` for the plans :func:`rollup_unsupported` accepts (the rule, stated
+  once, is above it);
+- :func:`per_unit_numpy` / :func:`histograms_numpy` — ``np.bincount`` over request arrays.
 
-Both read a request through its *sources* (one float per request, NaN/NULL when absent):
+All read a request through its *sources* (one float per request, NaN/NULL when absent):
 
 - the inference event's catalogue fields (:data:`SOURCE_FIELDS`, ``ablab.platform.fields``);
 - the cost field (``fields.COST_FIELD``): the trace's billed cost where billing arrived, else

@@ -76,31 +76,41 @@ class ModelCatalog:
         listed = self.listed.get(backend.name)
         return None if listed is None else model in listed
 
-    def _route(self, model: str | None) -> tuple[Backend | None, bool]:
-        """(the named backend or None, whether some backend's list is unknown)."""
+    def _route(self, model: str | None, only: Callable[[Backend], bool] | None = None) -> tuple[Backend | None, bool]:
+        """(the named backend or None, whether some backend's list is unknown); ``only``:
+        the backends that may serve it (those serving the endpoint)."""
         default = self.settings.backends[self.settings.default_backend]
-        if model is None or self.serves(default, model):
+        if (only is None or only(default)) and (model is None or self.serves(default, model)):
             return default, False
         unknown = False
         for b in self.settings.backends.values():
-            found = self.serves(b, model)
+            if only is not None and not only(b):
+                continue
+            found = True if model is None else self.serves(b, model)
             if found:
                 return b, False
             unknown |= found is None
         return None, unknown
 
-    async def named_backend(self, model: str | None) -> Backend:
-        """The backend the request names; :class:`ModelNotFound` when none serves ``model``."""
-        backend, unknown = self._route(model)
+    async def named_backend(self, model: str | None, only: Callable[[Backend], bool] | None = None) -> Backend | None:
+        """The backend the request names; :class:`ModelNotFound` when no backend serves
+        ``model``; None when some do, but none of those ``only`` accepts."""
+        backend, unknown = self._route(model, only)
         if backend is not None:
             return backend
         now = time.monotonic()
         stale = [b for b in self.discovering() if now - self._fetched_at.get(b.name, -1e9) >= REFRESH_MIN_S]
         if stale:  # a model added since the last listing, or a backend that was down
             await self.refresh(stale)
-            backend, unknown = self._route(model)
+            backend, unknown = self._route(model, only)
             if backend is not None:
                 return backend
+        if only is not None:
+            if unknown:  # an accepted backend whose list is not known may serve it: it answers
+                return next(b for b in self.settings.backends.values() if only(b) and self.serves(b, model or "") is None)
+            if self._route(model) == (None, False):
+                raise ModelNotFound(model)
+            return None
         if unknown:  # cannot tell: the default backend answers (as before the lists existed)
             return self.settings.backends[self.settings.default_backend]
         raise ModelNotFound(model)

@@ -102,11 +102,14 @@ class GatewayState:
     hardening: HardeningMetrics | None = None
     catalog: ModelCatalog | None = None  # None: every model goes to the default backend
 
-    async def named_backend(self, model: str | None) -> Backend:
-        """The backend the caller's request names (model_routing.py); ModelNotFound → 404."""
+    async def named_backend(self, model: str | None, *, responses: bool = False) -> Backend | None:
+        """The backend the caller's request names (model_routing.py); ModelNotFound → 404.
+        ``responses``: among those serving the Responses API (None: none of them serves it)."""
+        only = (lambda b: b.serves_responses) if responses else None
         if self.catalog is None:
-            return self.settings.backends[self.settings.default_backend]
-        return await self.catalog.named_backend(model)
+            default = self.settings.backends[self.settings.default_backend]
+            return default if only is None or only(default) else None
+        return await self.catalog.named_backend(model, only)
 
     def plan(self, unit: str | None, attributes: dict[str, Any] | None) -> Plan:
         if self.sdk is None or not unit:
@@ -231,14 +234,14 @@ class OpenAIServing:
                 caller_auth = None  # the gateway's own key: never forwarded to a backend
         model = body.get("model") if isinstance(body.get("model"), str) else None
         try:
-            named = await st.named_backend(model)
+            named = await st.named_backend(model, responses=self.needs_responses)
         except ModelNotFound:
             return self._refused(protocol.ProtocolError(
                 f"The model `{model}` does not exist or is not served by this gateway (GET /v1/models lists them)",
                 param="model", status=404), trace_id, code="model_not_found")
-        if self.needs_responses and not named.serves_responses:
+        if named is None:
             return self._refused(protocol.ProtocolError(
-                f"backend {named.name!r} does not serve the Responses API (/v1/responses); a backend does with "
+                "no backend serving this model serves the Responses API (/v1/responses); a backend does with "
                 "`kind: vllm` or `responses: true`", param=None, status=404), trace_id, code="unsupported_endpoint")
         unit = headers.get(_UNIT_HEADER) or (body.get("user") if isinstance(body.get("user"), str) else None)
         plan = st.plan(unit, _attributes(headers))

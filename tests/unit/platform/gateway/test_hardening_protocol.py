@@ -341,3 +341,19 @@ def test_a_gateway_bug_is_a_500_in_openai_shape_and_the_connection_goes_on(gw, m
         assert "rewrite bug" not in r.text  # the detail is in the log, not the answer
         monkeypatch.undo()
         assert c.post(gw.url + "/v1/chat/completions", json={"model": "m1", "messages": MSGS}).status_code == 200
+
+
+def test_responses_go_to_a_backend_serving_the_model_that_serves_the_responses_api(hostile, tmp_path) -> None:
+    with hostile_backend(models=("m1",)) as vllm:
+        backends = {"llama": Backend("llama", hostile.url, kind="llamacpp", models=None, timeout_s=5.0),
+                    "vllm": Backend("vllm", vllm.url, kind="vllm", models=None, timeout_s=5.0)}
+        with gateway(tmp_path, backends, variants={"a": {}}) as gw:
+            before = len(vllm.requests)
+            r = httpx.post(gw.url + "/v1/responses", json={"model": "m1", "input": "x"})
+            assert r.status_code == 200 and len(vllm.requests) == before + 1  # not the default llama backend
+            r = httpx.post(gw.url + "/v1/chat/completions", json={"model": "m1", "messages": MSGS})
+            assert r.status_code == 200 and len(vllm.requests) == before + 1  # chat stays on the default
+            r = httpx.post(gw.url + "/v1/responses", json={"model": "m2", "input": "x"})  # only llama lists m2
+            assert r.status_code == 404 and r.json()["error"]["code"] == "unsupported_endpoint"
+            r = httpx.post(gw.url + "/v1/responses", json={"model": "nope", "input": "x"})
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"

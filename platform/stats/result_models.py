@@ -212,6 +212,9 @@ class SegmentRow(_Shape):
     rel_ci: Interval = Field(default_factory=_nulls)
     p_value: Number = None
     p_value_adjusted: Number = None
+    # the comparison's standard error, as on a metric row, once the breakdown writes it
+    # (absent until then)
+    se: Number = Field(default=None, **_ABSENT_WHEN_NONE)
 
 
 class Heterogeneity(_Shape):

@@ -88,7 +88,11 @@ def candidate_probabilities(candidate: PolicyT, logs: LoggedRequests, arms: list
             small[:] = 1.0 / len(arms)
             info["model"] = f"uniform ({exc})"
     else:
-        small = Decider(candidate, model).probability_matrix(logs.features, n)
+        try:
+            decider = Decider(candidate, model)
+        except ValueError as exc:  # a model fitted for another policy
+            raise CandidateError(str(exc), "model") from None
+        small = decider.probability_matrix(logs.features, n)
         info["model"] = model.version if model is not None else ("fixed" if isinstance(candidate, FixedArm) else "rule")
     target = np.zeros((n, a_count))
     for j, i in enumerate(arms):

@@ -3,7 +3,7 @@
 Pure and fast: a :class:`Decider` is built once per (policy, model) and each decision is a
 few comparisons and one hash (``benchmarks/bench_policy.py``). The draw is deterministic:
 ``u = murmur3("{salt}:{draw_key}") / 2**32`` picks the arm whose cumulative probability
-first exceeds ``u``, so the same request (``draw_key``: its trace id) with the same features
+(arms in name order) first exceeds ``u``, so the same request (``draw_key``: its trace id) with the same features
 and model version gets the same arm, and the probability vector — hence the logged
 propensity — is a function of (features, version) alone, recomputable from the logs.
 
@@ -147,12 +147,13 @@ class Decider:
         self._rules: list[tuple[list[tuple[str, Check]], int]] = []
         if isinstance(policy, SloRouter):
             if model is not None:
-                if model.policy_hash != policy.content_hash or model.arms != self.arms:
+                if model.policy_hash != policy.content_hash or sorted(model.arms) != sorted(self.arms):
                     raise ValueError(f"model {model.version} was fitted for policy {model.policy_hash}, "
                                      f"not {policy.content_hash}")
                 self.version = model.version
                 self._binning = model.binning
-                self._table = [_vector(k, c, policy.explore) for c in model.choice]
+                # the model indexes arms in its own order; vectors are in the policy's
+                self._table = [_vector(k, self.arms.index(model.arms[c]), policy.explore) for c in model.choice]
             else:
                 self.version = f"uniform:{policy.content_hash}"
                 self.uniform = True
@@ -169,6 +170,9 @@ class Decider:
             index = {a: i for i, a in enumerate(self.arms)}
             self._by_arm = [_vector(k, index[policy.arm], 0.0)]
         self.model = model
+        # the draw walks the arms in name order, so the arm a request gets does not depend on
+        # the order a mapping lists them in (the probabilities are in the policy's order)
+        self._draw_order = sorted(range(k), key=lambda i: self.arms[i])
         self._cums: dict[tuple[float, ...], tuple[float, ...]] = {}
 
     def probabilities(self, features: Mapping[str, Any]) -> tuple[float, ...]:
@@ -189,8 +193,8 @@ class Decider:
         p = self.probabilities(features)
         cum = self._cums.get(p)
         if cum is None:
-            cum = self._cums.setdefault(p, _cumulative(p))
-        i = bisect.bisect_right(cum, draw(self.salt, draw_key))
+            cum = self._cums.setdefault(p, _cumulative([p[i] for i in self._draw_order]))
+        i = self._draw_order[bisect.bisect_right(cum, draw(self.salt, draw_key))]
         return Decision(self.arms[i], p[i], self.version, p, self.uniform)
 
     def probability_matrix(self, columns: Mapping[str, Any], n: int) -> Floats:

@@ -104,3 +104,31 @@ def test_refusals_name_the_field(files) -> None:
     assert res.exit_code == 1 and "metric:" in res.output
     res = _ope(files, "missing.jsonl", "exp.yaml", "rule.yaml")
     assert res.exit_code == 1 and "does not exist" in res.output
+
+
+def test_a_model_of_another_policy_is_refused(files, model, tmp_path) -> None:
+    root = files["root"]
+    (tmp_path / "model.json").write_text(model.to_json())
+    other = {"kind": "slo_router", "arms": {"fast": {}, "helpful": {}, "expert": {}}, "features": ["prompt_tokens"],
+             "slo": {"ttft_ms_p95": 300}, "objective": "accuracy", "explore": 0.05}
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    res = runner.invoke(app, ["ope", str(root / "events.jsonl"), "--config", str(root / "exp.yaml"),
+                              "--policy", str(tmp_path / "other.yaml"), "--model", str(tmp_path / "model.json")])
+    assert res.exit_code == 1 and "model: model" in res.output and "fitted for policy" in res.output
+
+
+def test_the_logging_router_with_its_own_model_is_estimated_at_its_measured_value(files, router, model, tmp_path) -> None:
+    root = files["root"]
+    (tmp_path / "model.json").write_text(model.to_json())
+    (tmp_path / "router.yaml").write_text(yaml.safe_dump(router.model_dump(mode="json")))
+    res = runner.invoke(app, ["ope", str(root / "events.jsonl"), "--config", str(root / "exp.yaml"),
+                              "--policy", str(tmp_path / "router.yaml"), "--model", str(tmp_path / "model.json"), "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.stdout)
+    assert doc["candidate"]["model"] == model.version
+    # the candidate is the router variant's own policy: its weights are 1/share on router rows,
+    # 0 on control, so SNIPS is the router variant's measured accuracy exactly
+    router_rows = [r for r in doc["logged"] if r["arm"].startswith("router.")]
+    measured = sum(r["estimate"] * r["n"] for r in router_rows) / sum(r["n"] for r in router_rows)
+    assert doc["snips"]["estimate"] == pytest.approx(measured, abs=1e-12)
+    assert doc["support"]["warning"] is None

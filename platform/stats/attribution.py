@@ -27,6 +27,7 @@ from numpy.typing import NDArray
 from . import _dist
 from .aggregates import VariantStats
 from .engine import arm_estimate, empty_variant, json_ready
+from .result_models import Attribution, Factorial, Pareto, ParetoPoint
 from .spec import ExperimentSpec
 
 PARETO_OBJECTIVES = {"e2e_ms": "min", "cost_usd": "min", "accuracy": "max"}
@@ -209,7 +210,7 @@ def strategy_levels(spec: ExperimentSpec, defaults: Mapping[str, Any] | None = N
     return levels
 
 
-def attribute(
+def attribution_results(
     *,
     spec: ExperimentSpec,
     stats: Mapping[str, VariantStats],
@@ -217,8 +218,8 @@ def attribute(
     metrics: Sequence[str] | None = None,
     factor_defaults: Mapping[str, Any] | None = None,
     objectives: Mapping[str, str] | Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """The ``GET /v1/experiments/{key}/attribution`` object (JSON-ready).
+) -> Attribution:
+    """The ``GET /v1/experiments/{key}/attribution`` object, as the closed result models.
 
     ``metrics``: those to attribute to factors (default: latency, accuracy, cost and the
     experiment's custom primary metrics); ``objectives``: the Pareto frontier's axes, as
@@ -249,11 +250,26 @@ def attribute(
             lower_is_better=spec.metric_def(name).lower_is_better,
             alpha=spec.alpha,
         )
-    out: dict[str, Any] = json_ready({
-        "experiment": spec.key,
-        "control": spec.control,
-        "pareto": {"objectives": dict(objectives), "points": pareto_frontier(points, objectives)},
-        "factors": {v: {f: levels[v].get(f) for f in varying_factors(levels)} for v in levels},
-        "factorial": factorial,
-    })
-    return out
+    return Attribution(
+        experiment=spec.key,
+        control=spec.control,
+        # a point's objectives are open keys (metric names): made JSON-ready here, as no field checks them
+        pareto=Pareto(objectives=dict(objectives), points=[ParetoPoint(**json_ready(p)) for p in pareto_frontier(points, objectives)]),
+        factors={v: {f: levels[v].get(f) for f in varying_factors(levels)} for v in levels},
+        factorial={name: Factorial.model_validate(f) for name, f in factorial.items()},
+    )
+
+
+def attribute(
+    *,
+    spec: ExperimentSpec,
+    stats: Mapping[str, VariantStats],
+    levels: Mapping[str, Mapping[str, Any]] | None = None,
+    metrics: Sequence[str] | None = None,
+    factor_defaults: Mapping[str, Any] | None = None,
+    objectives: Mapping[str, str] | Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """:func:`attribution_results` as its JSON object, for the edges that pass dicts on."""
+    return attribution_results(
+        spec=spec, stats=stats, levels=levels, metrics=metrics, factor_defaults=factor_defaults, objectives=objectives,
+    ).model_dump(mode="json")

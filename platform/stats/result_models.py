@@ -357,7 +357,7 @@ class Factorial(_Shape):
     factors: list[str] = Field(default_factory=list)
     design: str | None = None
     effects: list[Effect] = Field(default_factory=list)
-    shapley: dict[str, Any] | None = None  # open: best_variant, total, shares, sum_of_shares
+    shapley: Json | None = None  # open: best_variant, total, shares, sum_of_shares
 
 
 class Attribution(_Shape):
@@ -366,5 +366,5 @@ class Attribution(_Shape):
     experiment: str
     control: str
     pareto: Pareto = Field(default_factory=Pareto)
-    factors: dict[str, dict[str, Any]] = Field(default_factory=dict)  # variant → factor → level
+    factors: dict[str, Json] = Field(default_factory=dict)  # variant → factor → level
     factorial: dict[str, Factorial] = Field(default_factory=dict)  # metric → effects

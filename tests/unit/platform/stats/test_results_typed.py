@@ -218,3 +218,17 @@ def test_variant_stats_refuse_to_pool_mismatched_statistics() -> None:
         one + other
     with pytest.raises(ValueError, match="ratios"):
         one + VariantStats(10.0, {"ttft_ms": RatioStats()}, samples={"judge": SampleStats()})
+
+
+def test_attribution_is_built_as_the_closed_models_too() -> None:
+    from ablab.platform.stats.attribution import attribute, attribution_results
+    from ablab.platform.stats.result_models import Attribution
+
+    rng = np.random.default_rng(7)
+    stats = variant_stats_from_units(_units(rng, 300))
+    spec = _spec()
+    built = attribution_results(spec=spec, stats=stats)
+    assert isinstance(built, Attribution) and {p.variant for p in built.pareto.points} == {"a", "b"}
+    assert attribute(spec=spec, stats=stats) == built.model_dump(mode="json")
+    # a Pareto point's objectives are its open keys, JSON-ready like every other number
+    assert all(isinstance(p.get("e2e_ms"), float) for p in built.pareto.points)

@@ -411,7 +411,6 @@ def column_sql(col: UnitColumn, alias: Mapping[str, str], period: str) -> str:
     return f"toFloat64(sumIf({expr}, {' AND '.join(cond)})) AS `{col.name}`"
 
 
-_sql_column = column_sql
 _BILLED_COST = f"if(b.has = 1, b.billed, r.{COST})"  # in _sql_source's cost; without billing: the event's own
 
 
@@ -488,7 +487,7 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
     for j, h in enumerate(p.histograms):
         sets[f"hist:{h.key}"] = ((1 << width) - 1) & ~(1 << (width - 2 - len(seg_keys) - j))
     inner_alias = {s: f"i.{a}" for s, a in alias.items()}
-    columns = ",\n               ".join(_sql_column(c, inner_alias, "1") for c in p.columns)
+    columns = ",\n               ".join(column_sql(c, inner_alias, "1") for c in p.columns)
     billing_join = _billing_join(fin) if billing else ""
     if not billing:
         exprs = [e.replace(_BILLED_COST, f"r.{COST}") for e in exprs]
@@ -525,7 +524,7 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
     """
     pre = None
     if p.pre_columns:
-        pre_cols = ",\n               ".join(_sql_column(c, inner_alias, "1") for c in p.pre_columns)
+        pre_cols = ",\n               ".join(column_sql(c, inner_alias, "1") for c in p.pre_columns)
         pre = f"""
         SELECT i.u AS unit, {pre_cols}
         FROM ({scan(pre_period, [])}) AS i GROUP BY i.u SETTINGS join_use_nulls = 1

@@ -145,9 +145,9 @@ def inference_event(
             for k, v in notes.measures.items():
                 if len(measures) < MAX_EVENT_MEASURES:
                     measures.setdefault(k, float(v))
-            for k, v in notes.dims.items():
+            for k, d in notes.dims.items():  # a name of its own: `v` above is a float
                 if len(dims) < MAX_EVENT_DIMS:
-                    dims.setdefault(k, v)
+                    dims.setdefault(k, d)
         event["measures"] = measures
         event["dims"] = dims
     return event

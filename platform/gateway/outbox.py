@@ -28,10 +28,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from io import FileIO
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from ablab.platform.gateway.emit import Outbox
 
 log = logging.getLogger(__name__)
 POSITIONS = ".positions.json"
@@ -222,75 +225,81 @@ def _unlocked(path: Path) -> bool:
         return False
 
 
-def segmented_outbox(directory: Path, limits: OutboxLimits | None = None) -> Any:
+class SegmentedOutbox(Outbox):
     """The gateway's outbox writer (:class:`~.emit.Outbox`, one per directory) with segments and
     a disk bound: :meth:`full` says when requests must be refused."""
-    from ablab.platform.gateway.emit import Outbox
 
-    class SegmentedOutbox(Outbox):
-        def __init__(self) -> None:
-            super().__init__(directory)
-            self.limits = limits or OutboxLimits.from_env()
-            self._seq = 0
-            self._checked_at = 0.0
-            self._full_reason: str | None = None
-            self.full_refusals = 0
-            fcntl.flock(self._file, fcntl.LOCK_SH)  # held while open: the forwarder never deletes it
-            self._size = os.fstat(self._file.fileno()).st_size
+    def __init__(self, directory: Path, limits: OutboxLimits | None = None) -> None:
+        super().__init__(directory)
+        self.limits = limits or OutboxLimits.from_env()
+        self._seq = 0
+        self._checked_at = 0.0
+        self._full_reason: str | None = None
+        self.full_refusals = 0
+        self._segment: FileIO = self._file
+        fcntl.flock(self._segment, fcntl.LOCK_SH)  # held while open: the forwarder never deletes it
+        self._size = os.fstat(self._segment.fileno()).st_size
 
-        def write(self, events: list[dict[str, Any]]) -> None:
-            before = self.written
+    def write(self, events: list[dict[str, Any]]) -> None:
+        before = self.written
+        try:
+            super().write(events)
+        except OSError as exc:  # ENOSPC, EDQUOT, EIO: the events are lost here, so say so loudly
+            lost = len(events) - (self.written - before)
+            self.refused += lost
+            self._full_reason = f"writing failed ({exc.strerror or exc})"
+            log.error("gateway outbox %s: %d event(s) could not be written: %s; refusing requests until it "
+                      "has room", self.directory, lost, exc)
+            return
+        self._size = os.fstat(self._segment.fileno()).st_size
+        if self._size >= self.limits.segment_bytes:
+            self._rotate()
+
+    def _rotate(self) -> None:
+        self._seq += 1
+        name = f"gateway-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{self._seq}.jsonl"
+        new: FileIO = open(self.directory / name, "ab", buffering=0)
+        fcntl.flock(new, fcntl.LOCK_SH)
+        with self._lock:
+            old, self._file = self._segment, new
+            self._segment = new
+        old.close()  # its lock goes with it: the forwarder may delete it once shipped and retained
+        self._size = 0
+
+    @property
+    def segment_name(self) -> str:
+        return Path(self._segment.name).name
+
+    def full(self) -> str | None:
+        """Why requests must be refused now (None: there is room); checked at most every 0.5 s."""
+        now = time.monotonic()
+        if now - self._checked_at < 0.5:
+            return self._full_reason
+        self._checked_at = now
+        total = 0
+        for p in self.directory.glob("*.jsonl"):
             try:
-                super().write(events)
-            except OSError as exc:  # ENOSPC, EDQUOT, EIO: the events are lost here, so say so loudly
-                lost = len(events) - (self.written - before)
-                self.refused += lost
-                self._full_reason = f"writing failed ({exc.strerror or exc})"
-                log.error("gateway outbox %s: %d event(s) could not be written: %s; refusing requests until it "
-                          "has room", self.directory, lost, exc)
-                return
-            self._size = os.fstat(self._file.fileno()).st_size
-            if self._size >= self.limits.segment_bytes:
-                self._rotate()
+                total += p.stat().st_size
+            except FileNotFoundError:  # pruned by the forwarder meanwhile
+                pass
+        stat = os.statvfs(self.directory)
+        free = stat.f_bavail * stat.f_frsize
+        reason = None
+        if total >= self.limits.max_bytes:
+            reason = f"the outbox holds {total} bytes, its cap is {self.limits.max_bytes} ({MAX_BYTES_ENV})"
+        elif free < self.limits.min_free_bytes:
+            reason = f"{free} bytes free on its disk, under {self.limits.min_free_bytes} ({MIN_FREE_BYTES_ENV})"
+        if reason is not None and self._full_reason is None:
+            log.error("gateway outbox %s is full: %s; answering 503 until the forwarder ships and retention "
+                      "frees room", self.directory, reason)
+        elif reason is None and self._full_reason is not None:
+            log.warning("gateway outbox %s has room again", self.directory)
+        self._full_reason = reason
+        return reason
 
-        def _rotate(self) -> None:
-            self._seq += 1
-            name = f"gateway-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{self._seq}.jsonl"
-            new = open(self.directory / name, "ab", buffering=0)
-            fcntl.flock(new, fcntl.LOCK_SH)
-            with self._lock:
-                old, self._file = self._file, new
-            old.close()  # its lock goes with it: the forwarder may delete it once shipped and retained
-            self._size = 0
 
-        def full(self) -> str | None:
-            """Why requests must be refused now (None: there is room); checked at most every 0.5 s."""
-            now = time.monotonic()
-            if now - self._checked_at < 0.5:
-                return self._full_reason
-            self._checked_at = now
-            total = 0
-            for p in self.directory.glob("*.jsonl"):
-                try:
-                    total += p.stat().st_size
-                except FileNotFoundError:  # pruned by the forwarder meanwhile
-                    pass
-            stat = os.statvfs(self.directory)
-            free = stat.f_bavail * stat.f_frsize
-            reason = None
-            if total >= self.limits.max_bytes:
-                reason = f"the outbox holds {total} bytes, its cap is {self.limits.max_bytes} ({MAX_BYTES_ENV})"
-            elif free < self.limits.min_free_bytes:
-                reason = f"{free} bytes free on its disk, under {self.limits.min_free_bytes} ({MIN_FREE_BYTES_ENV})"
-            if reason is not None and self._full_reason is None:
-                log.error("gateway outbox %s is full: %s; answering 503 until the forwarder ships and retention "
-                          "frees room", self.directory, reason)
-            elif reason is None and self._full_reason is not None:
-                log.warning("gateway outbox %s has room again", self.directory)
-            self._full_reason = reason
-            return reason
-
-    return SegmentedOutbox()
+def segmented_outbox(directory: Path, limits: OutboxLimits | None = None) -> SegmentedOutbox:
+    return SegmentedOutbox(Path(directory), limits)
 
 
 def prune(forwarder: Forwarder, *, retention_s: float, now: float | None = None) -> list[str]:

@@ -18,6 +18,7 @@ import asyncio
 import json
 import threading
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 WORDS = ("Hello", " there", ",", " this", " is", " a", " scripted", " answer", ".")
@@ -178,7 +179,7 @@ class ScriptedBackend:
             return False
         return True
 
-    def _script(self, script: str, chat: bool, rid: str, include_usage: bool):
+    def _script(self, script: str, chat: bool, rid: str, include_usage: bool) -> Iterator[bytes | None]:
         base = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": 0, "model": script}
 
         def delta(d: dict[str, Any], finish: str | None = None) -> bytes:

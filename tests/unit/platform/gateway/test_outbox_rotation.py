@@ -58,7 +58,7 @@ def test_retention_deletes_only_shipped_closed_old_segments(tmp_path: Path) -> N
     api = Api()
     fwd = Forwarder(tmp_path, post=api)
     fwd.step()
-    open_segment = Path(box._file.name).name
+    open_segment = box.segment_name
     assert prune(fwd, retention_s=3600) == []  # shipped, but younger than the retention
     removed = prune(fwd, retention_s=0, now=time.time() + 1)
     assert removed and open_segment not in removed  # the writer's open segment stays, shipped or not

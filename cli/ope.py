@@ -43,8 +43,9 @@ def ope(
     as_json: Annotated[bool, typer.Option("--json", help="Print the OPE JSON (same as POST …/ope).")] = False,
 ) -> None:
     """Estimate what a candidate policy would have achieved on the logged requests (IPS, SNIPS, DR)."""
-    from ablab.platform.policy.candidate import CandidateError, ope_from_events
+    from ablab.platform.policy.candidate import ope_from_events
     from ablab.platform.policy.model import PolicyModel
+    from ablab.platform.policy.spec import PolicyInvalid
     from ablab.platform.stats.spec import SpecError, parse_spec
 
     try:
@@ -62,7 +63,7 @@ def ope(
         fail(f"EVENTS: {events} does not exist")
     try:
         doc = ope_from_events(_read_table(events), spec, candidate, metric=metric, model=fitted)
-    except CandidateError as exc:
+    except PolicyInvalid as exc:
         fail(f"{exc.field}: {exc}")
     except ValueError as exc:
         fail(str(exc))

@@ -22,17 +22,13 @@ from ablab.platform.strategy import content_hash
 from .evaluate import Decider
 from .model import Binning, NotEnoughData, PolicyModel, fit_model
 from .ope import LoggedRequests, estimate, logged_means
-from .spec import FixedArm, PolicyT, SloRouter, objective_of
+from .spec import FixedArm, PolicyInvalid, PolicyT, SloRouter, objective_of
 
 Floats = npt.NDArray[np.float64]
 
 
-class CandidateError(ValueError):
+class CandidateError(PolicyInvalid):
     """The candidate cannot be evaluated on these logs; ``field`` names where."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def resolve_arms(candidate: PolicyT, logs: LoggedRequests) -> list[int]:

@@ -29,11 +29,12 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import ValidationError
 
 from ablab.platform.stats.spec import ExperimentSpec
 
 from .ope import LoggedRequests
-from .spec import ATTR_PREFIX, parse_policy, policy_of
+from .spec import ATTR_PREFIX, PolicyInvalid, PolicyT, error_field, parse_policy, policy_of
 
 Floats = npt.NDArray[np.float64]
 Objects = npt.NDArray[np.object_]
@@ -121,7 +122,7 @@ def requests_from_table(table: pa.Table, spec: ExperimentSpec, *, features: Sequ
     shares = {v.key: v.weight for v in spec.variants}
     total = sum(shares.values()) or 1.0
     shares = {k: w / total for k, w in shares.items()}
-    policies = {v.key: parse_policy(p) for v in spec.variants if (p := policy_of(v.strategy)) is not None}
+    policies = experiment_policies(spec)
 
     inf = mine & (kind == "inference") & has_trace & (unit_id != "") & (_text(table, "shadow_of") == "")
     inf &= np.isin(variant, list(shares))
@@ -202,12 +203,25 @@ def requests_from_table(table: pa.Table, spec: ExperimentSpec, *, features: Sequ
                           policy_version=[str(x) for x in version], strategies=strategies, notes=notes)
 
 
+def experiment_policies(spec: ExperimentSpec) -> dict[str, PolicyT]:
+    """The policy of each policy variant; :class:`~.spec.PolicyInvalid` names a bad one's field."""
+    out: dict[str, PolicyT] = {}
+    for i, v in enumerate(spec.variants):
+        p = policy_of(v.strategy)
+        if p is None:
+            continue
+        try:
+            out[v.key] = parse_policy(p)
+        except ValidationError as exc:
+            field, message = error_field(exc, f"variants[{i}].strategy.policy.")
+            raise PolicyInvalid(message, field) from None
+    return out
+
+
 def policy_features(spec: ExperimentSpec) -> list[str]:
     """Features the experiment's own policy variants read."""
     out: list[str] = []
-    for v in spec.variants:
-        p = policy_of(v.strategy)
-        if p is not None:
-            out.extend(getattr(parse_policy(p), "features", []))
+    for policy in experiment_policies(spec).values():
+        out.extend(getattr(policy, "features", []))
     return list(dict.fromkeys(out))
 

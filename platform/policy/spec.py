@@ -89,6 +89,14 @@ def _per_request_metrics() -> dict[str, tuple[str, bool]]:
 PER_REQUEST_METRICS: dict[str, tuple[str, bool]] = _per_request_metrics()
 
 
+class PolicyInvalid(ValueError):
+    """A policy, or what it is evaluated on, is unusable; ``field`` names where (a 422's field)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def _err(kind: str, message: str) -> PydanticCustomError:
     # the message goes through the context: a template would read any brace in it as a field
     return PydanticCustomError(kind, "{message}", {"message": message})

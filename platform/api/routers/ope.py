@@ -99,8 +99,9 @@ def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, body: OpeReq
     """What the candidate policy would have achieved on the logged requests: IPS, SNIPS and
     doubly robust estimates with 95 % intervals over randomization units, the effective sample
     size, and a warning where the candidate picks arms the logs never tried."""
-    from ablab.platform.policy.candidate import CandidateError, ope_from_events
+    from ablab.platform.policy.candidate import ope_from_events
     from ablab.platform.policy.model import PolicyModel
+    from ablab.platform.policy.spec import PolicyInvalid
 
     spec = analytics.stats_spec(exp)
     model = None
@@ -111,5 +112,5 @@ def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, body: OpeReq
             raise Invalid(f"model: not a policy model document ({exc!r})", field="model") from exc
     try:
         return ope_from_events(logged_events(store, exp.key), spec, body.policy, metric=body.metric, model=model)
-    except CandidateError as exc:
+    except PolicyInvalid as exc:
         raise Invalid(f"{exc.field}: {exc}", field=exc.field) from exc

@@ -132,3 +132,13 @@ def test_the_logging_router_with_its_own_model_is_estimated_at_its_measured_valu
     measured = sum(r["estimate"] * r["n"] for r in router_rows) / sum(r["n"] for r in router_rows)
     assert doc["snips"]["estimate"] == pytest.approx(measured, abs=1e-12)
     assert doc["support"]["warning"] is None
+
+
+def test_a_bad_policy_variant_in_the_config_names_its_field(files, tmp_path) -> None:
+    root = files["root"]
+    spec = yaml.safe_load((root / "exp.yaml").read_text())
+    spec["variants"][1]["strategy"]["policy"]["explore"] = 2
+    (tmp_path / "bad-exp.yaml").write_text(yaml.safe_dump(spec))
+    res = runner.invoke(app, ["ope", str(root / "events.jsonl"), "--config", str(tmp_path / "bad-exp.yaml"),
+                              "--policy", str(root / "control.yaml")])
+    assert res.exit_code == 1 and "variants[1].strategy.policy.explore" in res.output, res.output

@@ -55,7 +55,7 @@ def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[st
             wkey = f"{prefix}_v{i}_weight"
             if i < n - 1:
                 cap = forms.slider_max(weights, n - i - 1)
-                _init(wkey, min(start[i] if i < len(start) else 1, cap))
+                _init(wkey, max(1, min(start[i] if i < len(start) else 1, cap)))  # after a ship the others hold 0, below the minimum
                 if st.session_state[wkey] > cap:  # an earlier slider grew: keep the total at 100 %
                     st.session_state[wkey] = cap
                 w = c2.slider(f"Weight of variant {i + 1} (%)", min_value=1, max_value=cap, key=wkey, disabled=disabled or cap == 1)

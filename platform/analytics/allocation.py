@@ -61,6 +61,8 @@ def plan(client: Any, exp: ExperimentRead, settings: Settings) -> dict[str, Any]
                               "only request-randomized experiments are re-weighted")
     if any(v.paused for v in exp.variants):
         return _skip(exp.key, "a variant is paused by a guardrail; re-weighting would un-pause it")
+    if sum(1 for v in exp.variants if v.weight > 0) <= 1:
+        return _skip(exp.key, "one variant has all the traffic (it was shipped); re-weighting would undo the ship")
     sla = _sla(exp, settings.allocator_constraint)
     if sla is None:
         return _skip(exp.key, f"no guardrail max on {settings.allocator_constraint} to use as the SLA")

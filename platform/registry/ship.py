@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from ablab.platform import fields
 from ablab.platform.errors import AblabError, Conflict, NotFound, Unavailable
 from ablab.platform.registry.audit import bump_revision, record_audit
 from ablab.platform.registry.experiments import (
@@ -266,7 +267,7 @@ def _gate(exp: Experiment, variant: str, request: ShipRequest, results_of: Resul
             return Gate(variant, None, [f"results could not be read: {why}"])
         raise Unavailable(f"the results of experiment '{key}' could not be read ({why}), so its decision is unknown; "
                           f"retry, {force_hint}", field="results") from exc
-    gate = ship_gate(result, variant, (exp.metrics or {}).get("primary") or ["e2e_ms"])
+    gate = ship_gate(result, variant, (exp.metrics or {}).get("primary") or [fields.HEADLINE_LATENCY])
     if gate.passes or request.force:
         return gate
     why = "; ".join(gate.reasons) or "results have no decision for it yet"

@@ -31,7 +31,7 @@ _METRIC_EXAMPLES = f"e.g. {fields.HEADLINE_LATENCY}, {fields.SLA_LATENCY}, error
 
 @router.get("/{key}/results", response_model=Results, responses=_ERRORS)
 def experiment_results(_: Viewer, exp: CurrentExperiment, store: Store) -> dict[str, Any]:
-    return analytics.results(store.client, exp)
+    return analytics.results(store, exp)
 
 
 @router.get("/{key}/timeseries", response_model=Timeseries, responses=_ERRORS)
@@ -46,4 +46,4 @@ def experiment_timeseries(
 
 @router.get("/{key}/attribution", response_model=Attribution, responses=_ERRORS)
 def experiment_attribution(_: Viewer, exp: CurrentExperiment, store: Store, session: SessionDep) -> dict[str, Any]:
-    return analytics.attribution(store.client, factors.with_declared_defaults(session, exp))
+    return analytics.attribution(store, factors.with_declared_defaults(session, exp))

@@ -54,7 +54,7 @@ def ship(
         from ablab.platform.analytics import service as analytics
 
         assert store is not None
-        result: Mapping[str, Any] = analytics.results(store.client, exp, settings=state.settings)
+        result: Mapping[str, Any] = analytics.results(store, exp, settings=state.settings)
         return result
 
     try:

@@ -15,7 +15,7 @@ from ablab_testing import ABLAB, poll_results, wait_http
 
 def start_gateway(api, home: Path, config: str, port: int) -> subprocess.Popen:
     path = home / "gateway.yaml"
-    path.write_text(config)
+    path.write_text(config + "variant_headers: true\n")  # these tests read X-Ablab-Variant; it is off by default
     log = home / "gateway.log"
     env = {**os.environ, "ABLAB_HOME": str(home), "ABLAB_SDK_TOKEN": api.tokens["sdk"], "ABLAB_API_URL": api.base_url}
     proc = subprocess.Popen([ABLAB, "gateway", "--config", str(path), "--port", str(port), "--refresh-s", "1"],

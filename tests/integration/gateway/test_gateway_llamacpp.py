@@ -65,7 +65,7 @@ def stack(kafka_broker, tmp_path_factory):
         llama_log = home / "llama.log"
         # One thread: on a shared, loaded machine two spinning OpenMP threads are slower than one.
         llama = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--host", "127.0.0.1",
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2", "--host", "127.0.0.1",
              "--port", str(llama_port), "--n_ctx", "2048", "--n_threads", "1"],
             stdout=llama_log.open("wb"), stderr=subprocess.STDOUT)
         procs.append(llama)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -36,6 +36,9 @@ from ablab.platform.registry import service as registry
 from ablab.platform.registry.db import transaction
 from ablab.platform.registry.schemas import ExperimentRead, ExperimentUpdate, Status, VariantIn
 from ablab.platform.stats.allocator import arms_from_stats, thompson_weights
+
+if TYPE_CHECKING:
+    from ablab.platform.analytics.store_port import AnalyticsReads
 
 log = logging.getLogger(__name__)
 ACTOR = "allocator"
@@ -54,7 +57,7 @@ def _sla(exp: ExperimentRead, constraint: str) -> float | None:
     return float(min(bounds)) if bounds else None
 
 
-def plan(client: Any, exp: ExperimentRead, settings: Settings) -> dict[str, Any]:
+def plan(store: AnalyticsReads, exp: ExperimentRead, settings: Settings) -> dict[str, Any]:
     """What the allocator would do with one experiment now (no writes): new weights, or why not."""
     if exp.unit.value != "request":
         return _skip(exp.key, f"unit is {exp.unit.value}: re-weighting needs a new phase, which would reshuffle its units; "
@@ -69,7 +72,7 @@ def plan(client: Any, exp: ExperimentRead, settings: Settings) -> dict[str, Any]
     spec = service.stats_spec(exp, settings=settings)
     from ablab.platform.analytics.results import variant_stats
 
-    stats, _ = variant_stats(client, spec)
+    stats, _ = variant_stats(store, spec)
     arms = arms_from_stats(spec, stats, reward=settings.allocator_reward, constraint=settings.allocator_constraint)
     trials = sum(a.trials for a in arms.values())
     if trials < settings.allocator_min_trials:
@@ -89,7 +92,7 @@ def plan(client: Any, exp: ExperimentRead, settings: Settings) -> dict[str, Any]
     return {"experiment": exp.key, "weights": weights, "previous": current, "arms": summary, "sla": sla}
 
 
-def reweight(sessions: sessionmaker[Session], client: Any, settings: Settings) -> list[dict[str, Any]]:
+def reweight(sessions: sessionmaker[Session], store: AnalyticsReads, settings: Settings) -> list[dict[str, Any]]:
     """One allocator pass over the opted-in running experiments; returns what it did per experiment."""
     wanted = set(settings.allocator_experiments)
     if not wanted:
@@ -100,7 +103,7 @@ def reweight(sessions: sessionmaker[Session], client: Any, settings: Settings) -
     done = []
     for exp in reads:
         try:
-            step = plan(client, exp, settings)
+            step = plan(store, exp, settings)
         except Exception:
             log.exception("allocator pass on %s failed", exp.key)
             continue

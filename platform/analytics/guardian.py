@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -21,12 +21,15 @@ from ablab.platform.registry.db import transaction
 from ablab.platform.registry.schemas import Status
 from ablab.platform.stats.decisions import guardrail_breaches
 
+if TYPE_CHECKING:
+    from ablab.platform.analytics.store_port import AnalyticsReads
+
 log = logging.getLogger(__name__)
 ACTOR = "guardrail-monitor"
 
 
 def enforce_guardrails(
-    sessions: sessionmaker[Session], client: Any, settings: Settings | None = None, *, sync_rollup: service.RollupSync | None = None
+    sessions: sessionmaker[Session], store: AnalyticsReads, settings: Settings | None = None, *, sync_rollup: service.RollupSync | None = None
 ) -> list[dict[str, str]]:
     """One pass over running experiments (rollup maintenance through ``sync_rollup``, then
     guardrails); returns the pauses made."""
@@ -43,7 +46,7 @@ def enforce_guardrails(
         if not exp.guardrails:
             continue
         try:
-            result = service.results(client, exp, settings=settings)
+            result = service.results(store, exp, settings=settings)
         except Exception:
             log.exception("guardrail check of %s failed", exp.key)
             continue
@@ -62,11 +65,11 @@ def enforce_guardrails(
 
 class GuardrailMonitor:
     def __init__(
-        self, sessions: sessionmaker[Session], client: Any, *, interval_s: float, settings: Settings | None = None,
+        self, sessions: sessionmaker[Session], store: AnalyticsReads, *, interval_s: float, settings: Settings | None = None,
         sync_rollup: service.RollupSync | None = None,
     ) -> None:
         self._sessions = sessions
-        self._client = client
+        self._store = store
         self._sync_rollup = sync_rollup
         self._interval_s = interval_s
         self._settings = settings or get_settings()
@@ -78,7 +81,7 @@ class GuardrailMonitor:
     def _run(self) -> None:
         while not self._stop.wait(self._interval_s):
             try:
-                enforce_guardrails(self._sessions, self._client, self._settings, sync_rollup=self._sync_rollup)
+                enforce_guardrails(self._sessions, self._store, self._settings, sync_rollup=self._sync_rollup)
             except Exception:
                 log.exception("guardrail pass failed")
             self.allocate_if_due()
@@ -92,7 +95,7 @@ class GuardrailMonitor:
             return []
         self._allocated_at = now
         try:
-            return reweight(self._sessions, self._client, self._settings)
+            return reweight(self._sessions, self._store, self._settings)
         except Exception:
             log.exception("allocator pass failed")
             return []

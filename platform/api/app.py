@@ -79,7 +79,7 @@ def _guardrails(state: AppState) -> Any:
     from ablab.platform.analytics.guardian import GuardrailMonitor
 
     assert state.analytics is not None
-    return GuardrailMonitor(state.sessions, state.analytics.client, interval_s=state.settings.guardrail_interval_s,
+    return GuardrailMonitor(state.sessions, state.analytics, interval_s=state.settings.guardrail_interval_s,
                             settings=state.settings, sync_rollup=state.analytics.sync_rollup)
 
 

@@ -8,9 +8,9 @@ null; numpy numbers become Python ones.
 
 Closed: a field the engine does not declare here is refused (``extra="forbid"``), so the
 shapes and the JSON cannot drift apart. The one open object is a Pareto point, whose
-objectives are keyed by metric name. Keys the engine writes only sometimes (``power`` on a
-treatment row, ``estimate_cuped`` where CUPED applied, ``shadows``…) are left out of the
-JSON when null.
+objectives are keyed by metric name. Every declared key is in the JSON (null where it does
+not apply, ``power`` on a control row), except ``shadows`` and ``data_quality``, left out
+when there are none.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def json_ready(value: Any) -> Any:
 Number = Annotated[int | float | None, BeforeValidator(_finite)]  # an int stays an int (counts)
 Interval = list[Number]  # [low, high]; [null, null] where undefined
 Json = Annotated[dict[str, Any], BeforeValidator(json_ready)]
-# Keys the engine writes only sometimes are absent from the JSON when null.
+# Keys left out of the JSON when null (shadows, data_quality, a segment row's se).
 _ABSENT_WHEN_NONE: dict[str, Any] = {"exclude_if": lambda value: value is None}
 
 
@@ -141,15 +141,15 @@ class MetricRow(_Shape):
     p_value_adjusted: Number = None
     method: str | None = None
     error: str | None = None
-    estimate_cuped: Number = Field(default=None, **_ABSENT_WHEN_NONE)
-    coverage: Number = Field(default=None, **_ABSENT_WHEN_NONE)  # accuracy rows: labeled share of requests
-    per_second: Number = Field(default=None, **_ABSENT_WHEN_NONE)  # goodput rows
+    estimate_cuped: Number = None  # where CUPED applied: the adjusted treatment value
+    coverage: Number = None  # accuracy rows: labeled share of requests
+    per_second: Number = None  # goodput rows
     # custom metrics (metrics.custom in the experiment)
     custom: bool = False
     type: Literal["mean", "proportion", "ratio", "quantile"] | None = None
     aggregation: Literal["request", "unit_mean", "unit_sum"] | None = None
     cuped: Cuped | None = None
-    power: Power | None = Field(default=None, **_ABSENT_WHEN_NONE)  # treatment rows
+    power: Power | None = None  # treatment rows
 
 
 class Inference(_Shape):
@@ -167,7 +167,7 @@ class Srm(_Shape):
     statistic: Number = None
     observed: dict[str, Number] = Field(default_factory=dict)
     expected: dict[str, Number] = Field(default_factory=dict)
-    skipped: str | None = Field(default=None, **_ABSENT_WHEN_NONE)
+    skipped: str | None = None
 
 
 class CoverageArm(_Shape):

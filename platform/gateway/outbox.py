@@ -329,6 +329,14 @@ class ForwarderGroup:
                  retention_s: float | None = None) -> None:
         self.base = Path(base)
         self.base.mkdir(parents=True, exist_ok=True)
+        # One forwarder per outbox: two would both post every line (the same ids, but twice).
+        self._lockfile = open(self.base / ".forwarder.lock", "w")
+        try:
+            fcntl.flock(self._lockfile, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lockfile.close()
+            raise RuntimeError(f"outbox {self.base} is already forwarded by another running gateway; give this one "
+                               "its own --outbox DIR") from None
         self._post = post
         self.retention_s = retention_s
         self.forwarders: dict[Path, Forwarder] = {}
@@ -350,6 +358,9 @@ class ForwarderGroup:
 
     def behind(self) -> int:
         return sum(sum(f.behind().values()) for f in self._scan())
+
+    def close(self) -> None:
+        self._lockfile.close()
 
     def run(self, *, stop: Callable[[], bool] = lambda: False, poll_s: float = 0.2) -> None:
         delay = poll_s
@@ -384,6 +395,7 @@ class GroupShipper:
             time.sleep(0.1)  # a clean stop ships what is written; a killed one ships next start
         self._stop.set()
         self._thread.join(timeout=timeout_s)
+        self.group.close()
 
 
 def outbox_refusal(state: Any, *, operation: str, trace_id: str) -> Any:

@@ -81,6 +81,10 @@ def test_a_group_ships_every_worker_directory_once(tmp_path: Path) -> None:
     group.step()
     group.step()
     assert sorted(e["trace_id"] for e in api.events) == [f"t{i:06d}" for i in range(10)] and group.behind() == 0
+    with pytest.raises(RuntimeError, match="already forwarded"):
+        ForwarderGroup(tmp_path, post=api)  # a second forwarder would post every line twice
+    group.close()
+    ForwarderGroup(tmp_path, post=api).close()  # once the first is gone, another may take over
     for b in boxes:
         b.close()
 

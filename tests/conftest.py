@@ -11,13 +11,52 @@ from ablab_testing import ApiServer, fresh_postgres_database, start_api, stop_ap
 __all__ = ["ApiServer", "fresh_postgres_database", "start_api", "stop_api"]
 
 
+# Parallel runs (`scripts/test` passes `-n 2 --dist loadgroup`): every test is in the xdist
+# group of the stack it shares, so each stack starts once, on one worker. A module's
+# module-scoped stack makes the module the group; a folder whose modules share a
+# session-scoped stack (the seeded dashboard API) is one group. Each worker has its own
+# session fixtures (a Kafka broker each), temp dirs (`basetemp/gw<N>`) and free ports
+# (`server_ports`, picked at random below the ephemeral range).
+SHARED_STACK_FOLDERS = ("tests/integration/dashboards/",)
+# Groups that run longest (`--durations` on 2 cores) go first, so both workers finish
+# together instead of one starting a long module at the end; the rest keep their order.
+LONGEST_FIRST = (
+    "tests/integration/stack/test_up_demo.py",
+    "tests/integration/cluster/test_cluster_faults.py",
+    "tests/integration/dashboards/",
+    "tests/integration/gateway/test_gateway_prompting_llamacpp.py",
+    "tests/integration/cluster/test_cluster_cli.py",
+    "tests/browser/test_dashboard_e2e.py",
+)
+
+
+def stack_group(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return next((folder for folder in SHARED_STACK_FOLDERS if module.startswith(folder)), module)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # during collection, so the mark is there when xdist reads the groups
+    if not any(item.iter_markers("xdist_group")):
+        item.add_marker(pytest.mark.xdist_group(stack_group(item.nodeid)))
+
+
+@pytest.hookimpl(trylast=True)  # after pytest has ordered the items by their fixtures
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
+    # a stable sort: a group's tests keep pytest's order among themselves
+    items.sort(key=lambda item: rank.get(stack_group(item.nodeid), len(rank)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # A private base temp dir per run: pytest's default numbered dirs are pruned by any
     # newer run, which deletes the databases of a run still in progress beside it.
     if not config.option.basetemp:
         import tempfile
 
-        config.option.basetemp = tempfile.mkdtemp(prefix="ablab-pytest-")
+        # Short: an xdist worker's dir adds `popen-gwN/`, and a test that reads a path out of
+        # 80-column console output must see it wrapped as in a serial run.
+        config.option.basetemp = tempfile.mkdtemp(prefix="ab-")
 
 
 @pytest.fixture(scope="module", params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -82,10 +82,10 @@ class StreamMeter:
             return b""
         out = []
         for event, payload in events:
-            if self._observe(event, payload, now):
+            if (forward := self._observe(event, payload, now)) is not None:
                 if self.stats.done and self._prompt_tokens is not None and self.stats.usage is None:
                     out.append(self._usage_chunk())
-                out.append(event)
+                out.append(forward)
         return b"".join(out) if len(out) != 1 else out[0]
 
     def _usage_chunk(self) -> bytes:
@@ -105,20 +105,20 @@ class StreamMeter:
             self.stats.malformed += 1
         return rest
 
-    def _observe(self, event: bytes, payload: bytes | None, now: float) -> bool:
-        """Record one event; False when it must not be forwarded."""
+    def _observe(self, event: bytes, payload: bytes | None, now: float) -> bytes | None:
+        """Record one event; return what to forward of it (None: nothing)."""
         s = self.stats
         s.last_chunk_at = now
         if payload is None:
-            return True
+            return event
         if payload == DONE or payload.strip() == DONE:
             s.done = True
-            return True
+            return event
         try:
             chunk = orjson.loads(payload)
         except orjson.JSONDecodeError:
             s.malformed += 1
-            return True  # not ours to judge: pass it through, count it
+            return event  # not ours to judge: pass it through, count it
         if self._head is None and isinstance(chunk, dict):
             self._head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
         view = view_chunk(chunk)
@@ -148,4 +148,10 @@ class StreamMeter:
             s.usage = view.usage
             if isinstance(chunk, dict):
                 s.server_metrics.update(self._translator.server_metrics(chunk))
-        return not (view.usage_only and self._strip_usage)
+            if self._strip_usage:
+                if view.usage_only:
+                    return None
+                if isinstance(chunk, dict) and "usage" in chunk and "choices" in chunk:
+                    # usage beside the choices (some servers' last chunk), unasked: OpenAI sends none
+                    return b"data: " + orjson.dumps({k: v for k, v in chunk.items() if k != "usage"}) + b"\n\n"
+        return event

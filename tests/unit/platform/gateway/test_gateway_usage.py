@@ -70,3 +70,22 @@ def test_the_official_client_sees_usage_exactly_when_it_asks(gw) -> None:
     assert all(c.usage is None for c in asked[:-1])
     plain = list(client.chat.completions.create(model="no-usage", messages=MSGS, stream=True, user="u5"))
     assert all(c.usage is None for c in plain) and "".join(c.choices[0].delta.content or "" for c in plain if c.choices)
+
+
+def test_usage_beside_the_choices_is_taken_out_unless_asked_and_still_counted() -> None:
+    import json
+
+    from ablab.platform.gateway.stream import StreamMeter
+    from ablab.platform.gateway.translators import translator_for
+
+    last = {"id": "r", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+            "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+    stream = (b'data: {"id":"r","choices":[{"index":0,"delta":{"content":"Hi"}}]}\n\n'
+              + b"data: " + json.dumps(last).encode() + b"\n\ndata: [DONE]\n\n")
+    for asked in (False, True):
+        meter = StreamMeter(translator=translator_for("llamacpp"), strip_usage=not asked, prompt_tokens=3)
+        out = meter.feed(stream, 1.0)
+        sent = [json.loads(e[6:]) for e in out.split(b"\n\n") if e.startswith(b"data: {")]
+        assert ("usage" in sent[-1]) is asked and sent[-1]["choices"][0]["finish_reason"] == "stop"
+        assert meter.stats.usage == last["usage"] and not meter.stats.usage_sent_estimated  # the backend's, recorded
+        assert out.endswith(b"data: [DONE]\n\n") and len(sent) == 2

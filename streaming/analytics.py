@@ -67,7 +67,7 @@ class AnalyticsStore(StoreReads):
         raw = SerializedClient(get_clickhouse_client(settings))
         apply_ddl(raw)
         super().__init__(raw, RollupStore(raw))
-        # the deprecated port alias (callers passing ``store.client``) and raw access, one rollup
+        # raw clickhouse-connect access for the loader and test support (not on the port), one rollup
         self.client = SharedClient(raw, self.rollup)
         self.rollup_syncs = 0
         self.rollup_sync_failures = 0

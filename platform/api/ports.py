@@ -66,13 +66,6 @@ class AnalyticsBackend(Component, AnalyticsReads, Protocol):
     ``raw_events``, the per-unit rollup, exposures, shadows), the 10 s windows and the
     rollup's maintenance step. No SQL about the store's tables is written outside the store."""
 
-    @property
-    def client(self) -> AnalyticsReads:
-        """Deprecated: the results reads of this backend, for call sites that still pass
-        ``store.client`` (``routers/results.py``, ``routers/ship.py``, ``app.py``); they pass the
-        backend itself instead, and this goes."""
-        ...
-
     def window_rows(self, experiment: str, *, start: datetime | None = None, end: datetime | None = None) -> list[dict[str, Any]]:
         """The experiment's 10 s windows, oldest first (the input of :func:`ablab.platform.stats.timeseries.timeseries`)."""
         ...

@@ -2,10 +2,8 @@
 experiment's logged events in the analytics store (issue 33).
 
 The numbers are ``ablab ope``'s: both hand an Arrow table of the experiment's events to
-:func:`ablab.platform.policy.candidate.ope_from_events`. The store is read in one place,
-:func:`logged_events` (one scan of ``raw_events``; ``arm``, ``propensity``,
-``policy_version`` and ``max_tokens`` out of each event's stored JSON until the event schema
-gives them columns).
+:func:`ablab.platform.policy.candidate.ope_from_events`. The store is read through the
+analytics port's ``logged_events`` (one scan of ``raw_events``).
 """
 
 from __future__ import annotations
@@ -24,22 +22,6 @@ from ablab.platform.errors import Invalid, NotFound, Unavailable
 router = APIRouter(prefix="/v1/experiments", tags=["results"])
 _ERRORS = responses(NotFound, Invalid, Unavailable)
 
-# Every event of the experiment the OPE reading uses: its requests and their labels (a
-# feedback event rarely names the experiment, so labels are found by trace).
-LOGGED_EVENTS_SQL = """
-SELECT type, ts, trace_id, experiment, variant, unit_id, shadow_of, e2e_ms, ttft_ms, tpot_ms, cost_usd,
-       prompt_tokens, output_tokens, device_s, error, correct, score, dims,
-       JSONExtract(payload, 'arm', 'Nullable(String)') AS arm,
-       JSONExtract(payload, 'propensity', 'Nullable(Float64)') AS propensity,
-       JSONExtract(payload, 'policy_version', 'Nullable(String)') AS policy_version,
-       if(mapContains(measures, 'max_tokens'), measures['max_tokens'],
-          JSONExtract(payload, 'max_tokens', 'Nullable(Float64)')) AS max_tokens
-FROM raw_events FINAL
-WHERE (type = 'inference' AND experiment = {experiment:String})
-   OR (type = 'feedback' AND trace_id IN (
-         SELECT trace_id FROM raw_events WHERE type = 'inference' AND experiment = {experiment:String}))
-"""
-
 
 def _store(state: StateDep) -> AnalyticsBackend:
     if state.analytics is None:
@@ -48,17 +30,6 @@ def _store(state: StateDep) -> AnalyticsBackend:
 
 
 Store = Annotated[AnalyticsBackend, Depends(_store)]
-
-
-def logged_events(store: AnalyticsBackend, experiment: str) -> Any:
-    """The experiment's inference events and their labels as an Arrow table (the store access
-    of this route, in one function: the port method it stands for is
-    ``AnalyticsBackend.logged_events(experiment) -> pyarrow.Table``)."""
-    port = getattr(store, "logged_events", None)
-    if callable(port):  # the store implements the read itself (the port being reshaped offers it)
-        return port(experiment)
-    client: Any = store.client  # today's port: a clickhouse-connect client
-    return client.query_arrow(LOGGED_EVENTS_SQL, parameters={"experiment": experiment})
 
 
 class OpeRequest(BaseModel):
@@ -111,6 +82,6 @@ def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, body: OpeReq
         except (ValueError, KeyError, TypeError, AttributeError) as exc:  # any malformed document
             raise Invalid(f"model: not a policy model document ({exc!r})", field="model") from exc
     try:
-        return ope_from_events(logged_events(store, exp.key), spec, body.policy, metric=body.metric, model=model)
+        return ope_from_events(store.logged_events(exp.key), spec, body.policy, metric=body.metric, model=model)
     except PolicyInvalid as exc:
         raise Invalid(f"{exc.field}: {exc}", field=exc.field) from exc

@@ -113,11 +113,11 @@ def test_route_equals_the_shared_function_on_todays_logs(api, tmp_path) -> None:
 
 
 def test_store_read_of_policy_logs_equals_the_event_file(tmp_path) -> None:
-    from ablab.platform.api.routers.ope import logged_events
     from ablab.platform.policy.evaluate import Decider
     from ablab.platform.policy.simulate import Environment, experiment_events, fit_after_exploring, router_policy
     from ablab.streaming.store.client import make_client
     from ablab.streaming.store.ddl import apply_ddl
+    from ablab.streaming.store.reads import StoreReads
 
     env = Environment()
     router = router_policy(env, explore=0.1)
@@ -138,13 +138,9 @@ def test_store_read_of_policy_logs_equals_the_event_file(tmp_path) -> None:
                      g("measures") or {}, g("dims") or {}, 0, i, "", ""])
     client.insert("raw_events", rows, column_names=columns)
 
-    class Store:  # the route's store access takes the backend; only its client is read today
-        pass
-
-    store = Store()
-    store.client = client  # type: ignore[attr-defined]
+    store = StoreReads(client)  # what the API's analytics backend reads through
     spec = parse_spec(spec_body)
-    from_store = logged_events(store, "opesql")
+    from_store = store.logged_events("opesql")
     from_file = _file(tmp_path / "events.jsonl", events)
     for candidate in ({"kind": "fixed", "arm": "control"}, {"kind": "fixed", "arm": "expert"},
                       {"kind": "rule", "arms": {"fast": {}, "helpful": {}, "expert": {}}, "default": "helpful",

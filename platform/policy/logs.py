@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import ValidationError
 
+from ablab.platform import fields
 from ablab.platform.stats.spec import ExperimentSpec
 
 from .ope import LoggedRequests
@@ -38,7 +39,7 @@ from .spec import ATTR_PREFIX, PolicyInvalid, PolicyT, error_field, parse_policy
 
 Floats = npt.NDArray[np.float64]
 Objects = npt.NDArray[np.object_]
-VALUE_FIELDS = ("e2e_ms", "ttft_ms", "tpot_ms", "cost_usd", "prompt_tokens", "output_tokens", "device_s")
+VALUE_FIELDS = fields.INFERENCE_FIELDS
 LOG_COLUMNS = ("type", "ts", "trace_id", "experiment", "variant", "unit_id", "shadow_of", *VALUE_FIELDS, "error",
                "correct", "score", "arm", "propensity", "policy_version", "max_tokens")
 """Top-level columns the reading uses (plus ``measures``/``dims``, nested or flat)."""
@@ -109,7 +110,7 @@ def _latest(codes: npt.NDArray[np.int64], ts: Floats, values: Floats, n_codes: i
 def requests_from_table(table: pa.Table, spec: ExperimentSpec, *, features: Sequence[str] = (),
                         sources: Sequence[str] = ()) -> LoggedRequests:
     """The experiment's logged requests, with ``features`` and the per-request ``sources``
-    (``correct``, ``score``, ``error``, a field such as ``ttft_ms``, ``measures.<name>``)."""
+    (``correct``, ``score``, ``error``, a catalogue field of the request, ``measures.<name>``)."""
     kind = _text(table, "type")
     experiment = _text(table, "experiment")
     trace = _text(table, "trace_id")

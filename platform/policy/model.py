@@ -8,8 +8,8 @@ values (plus "other or absent"). A context is one cell of the product (:class:`B
 **Predictions** per arm and cell (binned empirical statistics, shrunk toward the arm's pooled
 value with ``prior`` pseudo-observations, so a sparse cell borrows from its arm):
 
-- each SLO's latency statistic: the empirical quantile it names (``ttft_ms_p95``: the 95th
-  percentile of the cell's TTFTs) or the mean (``ttft_ms``);
+- each SLO's latency statistic: the empirical quantile it names (``<latency>_p95``: the 95th
+  percentile of the cell's values of that latency) or the mean (``<latency>``);
 - the objective: the mean of its per-request value over requests that have one (a label).
 
 **Choice** per cell: the best predicted objective among arms whose every predicted latency

@@ -6,7 +6,7 @@ A variant's ``strategy`` may be ``{policy: {...}}`` (docs/policies.md)::
       kind: slo_router              # best predicted objective among arms meeting the SLO
       arms: {terse: {system_prompt: "..."}, helpful: {system_prompt: "...", params: {temperature: 0.7}}}
       features: [prompt_tokens, max_tokens, attr.plan]
-      slo: {ttft_ms_p95: 400}
+      slo: {<latency>_p95: 400}     # a catalogue latency (time to first token, say) and its quantile
       objective: accuracy
       explore: 0.05
 
@@ -25,7 +25,7 @@ Each arm is an ordinary strategy mapping, checked by :func:`ablab.platform.strat
 Metrics are the stats catalogue's, plus the experiment's custom metrics passed as
 ``context={"custom": {name: lower_is_better}}``; SLOs may bound only the latencies the field
 catalogue (:mod:`ablab.platform.fields`) marks as SLO-able. Every refusal is a pydantic
-``ValidationError`` whose location names the field (``explore``, ``slo.e2e_ms_p50``,
+``ValidationError`` whose location names the field (``explore``, ``slo.<latency>_p50``,
 ``rules.1``).
 
 Pure declarations and checks: no I/O.
@@ -67,7 +67,7 @@ ATTR_PREFIX = "attr."
 _ATTR_RE = re.compile(r"^attr\.[a-z][a-z0-9_]{0,63}$")
 SLO_QUANTILES: dict[str, float] = {"p50": 0.5, "p90": 0.9, "p95": 0.95, "p99": 0.99}
 LATENCIES: tuple[str, ...] = tuple(f.name for f in FIELDS.values() if f.slo and f.unit == "ms")
-"""Fields an SLO may bound: the catalogue's SLO-able millisecond fields (e2e_ms, ttft_ms, tpot_ms)."""
+"""Fields an SLO may bound: the catalogue's SLO-able millisecond fields."""
 
 # Proportions whose per-request value is not a field: metric → source on the request.
 _PROPORTION_SOURCES: dict[str, str] = {"accuracy": "correct", "error_rate": "error"}
@@ -131,7 +131,7 @@ class Objective:
     """A metric as a per-request value: where it is read and which way is better."""
 
     metric: str
-    source: str  # a request field (e2e_ms, cost_usd), correct, score, error or measures.<name>
+    source: str  # a catalogue field of the request, correct, score, error or measures.<name>
     lower_is_better: bool
 
 
@@ -160,7 +160,7 @@ def objective_of(metric: str, custom: Mapping[str, Any] | None = None) -> Object
 
 @dataclass(frozen=True, slots=True)
 class SloBound:
-    """One SLO: ``key`` as written (``ttft_ms_p95``), the latency, its quantile (None: the mean), the bound."""
+    """One SLO: ``key`` as written (``<latency>_p95``), the latency, its quantile (None: the mean), the bound."""
 
     key: str
     latency: str

@@ -108,3 +108,46 @@ def test_a_reused_connection_closed_before_answering_is_retried_once_on_a_new_on
         server.close()
 
     asyncio.run(main())
+
+
+def test_a_caller_gone_mid_stream_under_the_gateways_own_http_protocol(backend: ScriptedBackend, tmp_path) -> None:
+    """What ``ablab gateway`` serves with (uvloop and the hardened HTTP protocol): a caller that
+    hangs up mid-stream ends the relay (the backend's connection is dropped, not drained), its
+    event says so, and nothing stays in flight."""
+    import threading
+
+    import uvicorn
+    from conftest import Gateway, free_port, local_sdk
+
+    from ablab.platform.gateway.app import create_app
+    from ablab.platform.gateway.limits import uvicorn_options
+    from ablab.platform.gateway.settings import Backend, GatewaySettings
+
+    settings = GatewaySettings(backends={"scripted": Backend("scripted", backend.url, timeout_s=5.0)},
+                               default_backend="scripted", outbox_dir=tmp_path / "outbox")
+    app = create_app(settings, sdk=local_sdk({"a": {}}), ship=False)
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", loop="uvloop",
+                                           **uvicorn_options(max_connections=64)))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        thread.join(0.01)
+    gw = Gateway(f"http://127.0.0.1:{port}", tmp_path / "outbox", app)
+    try:
+        body = {"model": "sleep-200", "messages": [{"role": "user", "content": "hi"}], "stream": True, "user": "u1"}
+        with httpx.Client(timeout=10) as c, c.stream("POST", gw.url + "/v1/chat/completions", json=body) as r:
+            trace = r.headers["x-ablab-trace-id"]
+            for _ in r.iter_raw():
+                break  # gone after the first bytes; the backend would take 9 × 200 ms more
+        for _ in range(200):  # until the gateway has written the request's event (state, not time)
+            if any(e["trace_id"] == trace and e["type"] == "inference" for e in gw.events()):
+                break
+            httpx.get(gw.url + "/healthz", timeout=10)
+        ev = next(e for e in gw.events() if e["trace_id"] == trace and e["type"] == "inference")
+        assert ev["error"] == "client_disconnected" and ev["e2e_ms"] < 1500
+        assert gw.state().inflight["scripted"] == 0
+        assert gw.state().clients["scripted"].data.open_connections == 0  # the backend's connection dropped
+    finally:
+        server.should_exit = True
+        thread.join(10)

@@ -180,13 +180,21 @@ class UpstreamResponse:
     """The backend's answer; its body is read with :meth:`aiter_raw` or :meth:`aread`, and
     :meth:`aclose` returns the connection to the pool when the answer was read whole."""
 
-    __slots__ = ("_client", "_conn", "status_code", "headers", "_timeout_s", "_closed")
+    __slots__ = ("_client", "_conn", "status_code", "_header_list", "_headers", "_timeout_s", "_closed")
 
     def __init__(self, client: RelayClient, conn: _Conn, timeout_s: float) -> None:
         self._client, self._conn, self._timeout_s = client, conn, timeout_s
         self.status_code = conn.status
-        self.headers = httpx.Headers(conn.header_list)
+        self._header_list = conn.header_list
+        self._headers: httpx.Headers | None = None
         self._closed = False
+
+    @property
+    def headers(self) -> httpx.Headers:
+        """Built when first read (a relayed stream never reads them)."""
+        if self._headers is None:
+            self._headers = httpx.Headers(self._header_list)
+        return self._headers
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         conn = self._conn

@@ -16,7 +16,8 @@ from typing import Any, TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
-from .metrics import HISTOGRAM_SOURCES, METRICS, UNIT_COLUMNS, CustomMetric, custom_columns
+from .custom_metric import CustomMetric, custom_columns
+from .metrics import HISTOGRAM_SOURCES, METRICS, UNIT_COLUMNS
 from .sufficient import CupedStats, HistogramStats, RatioStats, SampleStats
 
 Array = NDArray[np.float64]

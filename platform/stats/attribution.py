@@ -247,7 +247,7 @@ def attribution_results(
             estimates={v: a[0] for v, a in arms[name].items()},
             variances={v: a[1] for v, a in arms[name].items()},
             control=spec.control,
-            lower_is_better=spec.metric_def(name).lower_is_better,
+            lower_is_better=bool(spec.metric_def(name).lower_is_better),  # resolved when validated
             alpha=spec.alpha,
         )
     return Attribution(

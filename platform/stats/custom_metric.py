@@ -6,10 +6,12 @@ accepts is one the engine can analyze, by one set of rules. ``type`` discriminat
 ``ratio`` has no ``column``, a ``mean`` no ``quantile``; every other key is refused.
 Shapes and defaults: docs/contracts.md ("Analysis output").
 
-A model keeps what its author wrote (``lower_is_better``/``direction`` may both be
-absent); :attr:`CustomMetricBase.prefers_lower` resolves the direction, and
-:meth:`CustomMetricBase.definition` gives the engine's runtime definition
-(:class:`.metrics.CustomMetric`).
+These models are also the engine's runtime definition (:data:`CustomMetric`): every type
+answers ``kind``, ``column``, ``numerator``, ``denominator``, ``scale``, ``quantile``,
+``covariate`` (the CUPED covariate's name or None) and ``sources``, so the engine reads any
+custom metric the same way. ``lower_is_better`` is resolved at validation (an absent one
+from ``direction``, else from the source's nature); :meth:`CustomMetricBase.stored` still
+gives the JSON as its author wrote it, defaults left out.
 """
 
 from __future__ import annotations
@@ -38,7 +40,6 @@ from .metrics import (
     LABEL_SOURCES,
     LOWER_IS_BETTER_SOURCES,
     MEASURE_PREFIX,
-    CustomMetric,
 )
 
 Kind = Literal["mean", "proportion", "ratio", "quantile"]
@@ -80,6 +81,10 @@ Source = Annotated[str, BeforeValidator(check_source)]
 Covariate = Annotated[str, BeforeValidator(_covariate)]
 
 
+_DIRECTION_DEFAULT = ("Default: lower for " + ", ".join(sorted(LOWER_IS_BETTER_SOURCES))
+                      + "; higher for everything else. Resolved at validation when absent.")
+
+
 class _Closed(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -104,8 +109,7 @@ class CustomMetricBase(_Closed):
     name: str = Field(description="snake_case, at most 64 characters; not a built-in metric's name.")
     type: Kind
     aggregation: Aggregation = Field(default="request", description="request | unit_mean | unit_sum.")
-    lower_is_better: StrictBool | None = Field(default=None, description="Default: lower for latencies, "
-                                               "device_s, cost_usd and error, higher for everything else.")
+    lower_is_better: StrictBool | None = Field(default=None, description=_DIRECTION_DEFAULT)
     direction: Literal["lower", "higher"] | None = Field(default=None, description="lower | higher: the same, in words.")
 
     @field_validator("name", mode="before")
@@ -130,28 +134,67 @@ class CustomMetricBase(_Closed):
         """The source whose nature sets the default direction."""
         raise NotImplementedError
 
+    @model_validator(mode="after")
+    def _resolve_direction(self) -> CustomMetricBase:
+        # The engine, the policy objective and the results all read ``lower_is_better`` as a
+        # bool; resolving it once here keeps one answer. Set past ``frozen`` and outside
+        # ``model_fields_set``, so :meth:`stored` still writes what the author wrote.
+        if self.lower_is_better is None:
+            lower = self.direction == "lower" if self.direction is not None else self.natural_source in LOWER_IS_BETTER_SOURCES
+            object.__setattr__(self, "lower_is_better", lower)
+        return self
+
     @property
     def prefers_lower(self) -> bool:
-        if self.lower_is_better is not None:
-            return self.lower_is_better
-        if self.direction is not None:
-            return self.direction == "lower"
-        return self.natural_source in LOWER_IS_BETTER_SOURCES
+        """The resolved direction, typed as the bool it is after validation."""
+        return bool(self.lower_is_better)
 
-    def definition(self) -> CustomMetric:
-        """The engine's runtime definition of this metric."""
+    @property
+    def covariate(self) -> str | None:
+        """The CUPED covariate: ``pre_period``, a source's name, or None (no adjustment)."""
         cuped: CupedCovariate | None = getattr(self, "cuped", None)
-        return CustomMetric(
-            name=self.name, kind=self.type, column=getattr(self, "column", None),
-            numerator=getattr(self, "numerator", None), denominator=getattr(self, "denominator", None),
-            aggregation=self.aggregation, scale=float(getattr(self, "scale", 1.0)),
-            quantile=getattr(self, "quantile", None), lower_is_better=self.prefers_lower,
-            cuped=cuped.covariate if cuped is not None else None,
-        )
+        return cuped.covariate if cuped is not None else None
+
+    @property
+    def sources(self) -> tuple[str, ...]:
+        """The per-request sources this metric reads (a named covariate included)."""
+        own = (getattr(self, "numerator", None), getattr(self, "denominator", None)) if self.type == "ratio" \
+            else (getattr(self, "column", None),)
+        extra = (self.covariate,) if self.covariate not in (None, "pre_period") else ()
+        return tuple(s for s in (*own, *extra) if s)
 
     def stored(self) -> dict[str, Any]:
         """The JSON as its author wrote it (defaults left out), as the registry stores it."""
         return self.model_dump(mode="json", exclude_unset=True)
+
+
+# What a type does not have reads as the engine's neutral value, so code that handles every
+# custom metric needs no per-type branches (mixins, not base-class properties: a field may
+# not shadow a parent's attribute).
+class _NoColumn:
+    @property
+    def column(self) -> None:
+        return None
+
+
+class _NotRatio:
+    @property
+    def numerator(self) -> None:
+        return None
+
+    @property
+    def denominator(self) -> None:
+        return None
+
+    @property
+    def scale(self) -> float:
+        return 1.0
+
+
+class _NotQuantile:
+    @property
+    def quantile(self) -> None:
+        return None
 
 
 def _request_only(what: str, value: str) -> str:
@@ -160,7 +203,7 @@ def _request_only(what: str, value: str) -> str:
     return value
 
 
-class MeanMetric(CustomMetricBase):
+class MeanMetric(CustomMetricBase, _NotRatio, _NotQuantile):
     """Mean of ``column`` over requests, or of each unit's mean or total (``aggregation``)."""
 
     type: Literal["mean"]
@@ -172,7 +215,7 @@ class MeanMetric(CustomMetricBase):
         return self.column
 
 
-class ProportionMetric(CustomMetricBase):
+class ProportionMetric(CustomMetricBase, _NotRatio, _NotQuantile):
     """Share of requests where a 0/1 ``column`` is 1."""
 
     type: Literal["proportion"]
@@ -191,7 +234,7 @@ class ProportionMetric(CustomMetricBase):
         return self.column
 
 
-class RatioMetric(CustomMetricBase):
+class RatioMetric(CustomMetricBase, _NoColumn, _NotQuantile):
     """Σ numerator / Σ denominator over requests (delta method), times ``scale``."""
 
     type: Literal["ratio"]
@@ -217,7 +260,7 @@ class RatioMetric(CustomMetricBase):
         return self.numerator
 
 
-class QuantileMetric(CustomMetricBase):
+class QuantileMetric(CustomMetricBase, _NotRatio):
     """The ``quantile`` of ``column`` over requests (no CUPED: it adjusts means)."""
 
     type: Literal["quantile"]
@@ -246,8 +289,30 @@ CustomMetricModel = Annotated[
 ]
 """One experiment-defined metric, by its ``type``."""
 
+CustomMetric = MeanMetric | ProportionMetric | RatioMetric | QuantileMetric
+"""The engine's runtime definition of an experiment-defined metric: one of the models."""
 CUSTOM_METRIC_TYPES = (MeanMetric, ProportionMetric, RatioMetric, QuantileMetric)
-CUSTOM_METRIC: TypeAdapter[MeanMetric | ProportionMetric | RatioMetric | QuantileMetric] = TypeAdapter(CustomMetricModel)
+CUSTOM_METRIC: TypeAdapter[CustomMetric] = TypeAdapter(CustomMetricModel)
+
+
+def custom_columns(m: CustomMetric) -> dict[str, str]:
+    """Per-unit column names for ``m``: role → column.
+
+    ``x``/``y``: numerator/denominator sums of the unit (``request``: Σ value and the count of
+    requests with a value; ``unit_mean``/``unit_sum``: the same sums, the engine divides or
+    not); ``sq``: Σ value² over the unit's requests (a quantile's design effect);
+    ``pre_x``/``pre_y``: the same sums over the pre-period (CUPED ``pre_period``);
+    ``cov_x``/``cov_y``: in-period sums of the named covariate (CUPED ``covariate``).
+    """
+    base = f"c__{m.name}"
+    out = {"x": f"{base}__x", "y": f"{base}__y"}
+    if m.kind == "quantile":
+        out["sq"] = f"{base}__sq"
+    if m.covariate == "pre_period":
+        out.update(pre_x=f"pre__{base}__x", pre_y=f"pre__{base}__y")
+    elif m.covariate:
+        out.update(cov_x=f"{base}__cov_x", cov_y=f"{base}__cov_y")
+    return out
 
 # A key that belongs to another type: what to say instead of "unknown field".
 _ELSEWHERE = {

@@ -25,8 +25,9 @@ from .comparisons import (
     welch_test,
 )
 from .corrections import adjust, homogeneity_test, srm_check
+from .custom_metric import CUSTOM_METRIC_TYPES, CustomMetric, RatioMetric
 from .decisions import decide, evaluate_guardrails
-from .metrics import METRICS, CustomMetric, MetricDef
+from .metrics import METRICS, MetricDef
 from .paired import ShadowPairs, shadow_rows
 from .power import power_row
 from .quantiles import QuantileEstimate, quantile_ci
@@ -65,7 +66,7 @@ def _as_proportion(r: RatioStats) -> ProportionStats:
 
 
 def _unit_level(m: AnyMetric) -> bool:
-    return isinstance(m, CustomMetric) and m.aggregation in ("unit_mean", "unit_sum")
+    return isinstance(m, CUSTOM_METRIC_TYPES) and m.aggregation in ("unit_mean", "unit_sum")
 
 
 def _scaled(r: RatioStats, k: float) -> RatioStats:
@@ -75,7 +76,7 @@ def _scaled(r: RatioStats, k: float) -> RatioStats:
 
 
 def _scale(m: AnyMetric) -> float:
-    return m.scale if isinstance(m, CustomMetric) and m.kind == "ratio" else 1.0
+    return m.scale if isinstance(m, RatioMetric) else 1.0
 
 
 def _ratio(m: AnyMetric, vs: VariantStats) -> RatioStats:
@@ -83,7 +84,7 @@ def _ratio(m: AnyMetric, vs: VariantStats) -> RatioStats:
 
 
 def _quantile(spec: ExperimentSpec, m: AnyMetric, vs: VariantStats) -> QuantileEstimate:
-    key = m.name if isinstance(m, CustomMetric) else m.numerator  # built-ins share the latency's histogram
+    key = m.name if isinstance(m, CUSTOM_METRIC_TYPES) else m.numerator  # built-ins share the latency's histogram
     hist = vs.histograms.get(key)
     if hist is None:
         return QuantileEstimate(0, m.quantile or NAN, NAN, NAN, NAN, NAN)
@@ -115,7 +116,7 @@ def _cuped_pair(
     spec: ExperimentSpec, m: AnyMetric, control: VariantStats, variant: VariantStats
 ) -> tuple[CupedStats, CupedStats] | None:
     """The CUPED statistics of both arms when CUPED applies to ``m``, else None."""
-    if not spec.cuped or m.kind == "quantile" or (isinstance(m, CustomMetric) and not m.cuped):
+    if not spec.cuped or m.kind == "quantile" or (isinstance(m, CUSTOM_METRIC_TYPES) and not m.covariate):
         return None
     if m.name in control.cuped and m.name in variant.cuped:
         k = _scale(m)
@@ -151,7 +152,7 @@ def variant_sample(vs: VariantStats, m: AnyMetric) -> SampleStats:
 def _power_arm(spec: ExperimentSpec, m: AnyMetric, vs: VariantStats) -> tuple[tuple[float, float, float], float | None]:
     """((estimate, variance, randomization units behind it), units per second) of one arm."""
     est, var, _, _ = arm_estimate(spec, m, vs)
-    units = variant_sample(vs, m).n if isinstance(m, CustomMetric) and m.aggregation == "unit_mean" else vs.units
+    units = variant_sample(vs, m).n if isinstance(m, CUSTOM_METRIC_TYPES) and m.aggregation == "unit_mean" else vs.units
     rate = units / vs.duration_s if vs.duration_s else None
     return (est, var, units), rate
 
@@ -178,7 +179,7 @@ def _cuped_report(spec: ExperimentSpec, m: AnyMetric, c: Comparison, control: Va
         return None
     plain = compare_metric(spec, m, control, vs, cuped=False)
     return Cuped(
-        covariate=m.cuped if isinstance(m, CustomMetric) else "pre_period",
+        covariate=m.covariate if isinstance(m, CUSTOM_METRIC_TYPES) else "pre_period",
         theta=c.theta,
         variance_reduction=c.variance_reduction,
         control_adjusted=c.control,
@@ -215,7 +216,7 @@ def _row(
     return MetricRow(
         metric=name, variant=variant, units=vs.units, n=n, estimate=est, ci=list(ci),
         lower_is_better=m.lower_is_better,
-        custom=isinstance(m, CustomMetric), type=m.kind, aggregation=m.aggregation if isinstance(m, CustomMetric) else "request",
+        custom=isinstance(m, CUSTOM_METRIC_TYPES), type=m.kind, aggregation=m.aggregation if isinstance(m, CUSTOM_METRIC_TYPES) else "request",
         abs_diff=None if c is None else c.abs_diff,
         abs_ci=[None, None] if c is None else list(c.abs_ci),
         rel_diff=None if c is None else c.rel_diff,

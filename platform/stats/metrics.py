@@ -111,52 +111,9 @@ def metric(name: str) -> MetricDef:
 # A ``ratio`` is Σ numerator / Σ denominator (delta method), times ``scale``.
 #
 # The per-unit aggregation (store SQL and the offline numpy path, one specification) emits,
-# for every custom metric, the columns named by :func:`custom_columns`; the engine reads
-# only those. Per-variant histograms of a quantile metric are keyed by the metric's name.
+# for every custom metric (:mod:`.custom_metric`), the columns its ``custom_columns`` names;
+# the engine reads only those. Per-variant histograms of a quantile metric are keyed by the metric's name.
 
-Aggregation = Literal["request", "unit_mean", "unit_sum"]
-CupedSource = Literal["pre_period"] | str  # "pre_period" or a source name (a named covariate)
 LABEL_SOURCES: tuple[str, ...] = ("score", "correct")
 MEASURE_PREFIX = "measures."
 DIM_PREFIX = "dims."
-
-
-@dataclass(frozen=True, slots=True)
-class CustomMetric:
-    name: str
-    kind: Kind
-    column: str | None = None  # mean / proportion / quantile: the source
-    numerator: str | None = None  # ratio
-    denominator: str | None = None  # ratio
-    aggregation: Aggregation = "request"
-    scale: float = 1.0
-    quantile: float | None = None
-    lower_is_better: bool = False
-    cuped: CupedSource | None = None  # None: no adjustment
-
-    @property
-    def sources(self) -> tuple[str, ...]:
-        """The per-request sources this metric reads (the covariate included)."""
-        own = (self.numerator, self.denominator) if self.kind == "ratio" else (self.column,)
-        extra = (self.cuped,) if self.cuped not in (None, "pre_period") else ()
-        return tuple(s for s in (*own, *extra) if s)
-
-
-def custom_columns(m: CustomMetric) -> dict[str, str]:
-    """Per-unit column names for ``m``: role → column.
-
-    ``x``/``y``: numerator/denominator sums of the unit (``request``: Σ value and the count of
-    requests with a value; ``unit_mean``/``unit_sum``: the same sums, the engine divides or
-    not); ``sq``: Σ value² over the unit's requests (a quantile's design effect);
-    ``pre_x``/``pre_y``: the same sums over the pre-period (CUPED ``pre_period``);
-    ``cov_x``/``cov_y``: in-period sums of the named covariate (CUPED ``covariate``).
-    """
-    base = f"c__{m.name}"
-    out = {"x": f"{base}__x", "y": f"{base}__y"}
-    if m.kind == "quantile":
-        out["sq"] = f"{base}__sq"
-    if m.cuped == "pre_period":
-        out.update(pre_x=f"pre__{base}__x", pre_y=f"pre__{base}__y")
-    elif m.cuped:
-        out.update(cov_x=f"{base}__cov_x", cov_y=f"{base}__cov_y")
-    return out

@@ -45,7 +45,8 @@ from ablab.platform import fields
 
 from . import _dist
 from .corrections import adjust
-from .metrics import MEASURE_PREFIX, CustomMetric
+from .custom_metric import CUSTOM_METRIC_TYPES
+from .metrics import MEASURE_PREFIX
 
 NAN = math.nan
 RANK_TEST_METRICS: tuple[str, ...] = fields.RANK_TESTED
@@ -194,9 +195,9 @@ def shadow_metrics(spec: Any) -> tuple[ShadowMetric, ...]:
     request (``mean`` or ``proportion`` over a column); a custom metric with a built-in's
     name here replaces it. Ratios and quantiles are not per-request differences."""
     custom = [
-        ShadowMetric(m.name, m.column, m.kind, m.lower_is_better, custom=True)
+        ShadowMetric(m.name, m.column, m.kind, m.prefers_lower, custom=True)
         for m in getattr(spec, "custom", ()) or ()
-        if isinstance(m, CustomMetric) and m.kind in ("mean", "proportion") and m.column
+        if isinstance(m, CUSTOM_METRIC_TYPES) and m.kind in ("mean", "proportion") and m.column
     ]
     taken = {m.name for m in custom}
     return (*(m for m in BUILTIN_SHADOW_METRICS if m.name not in taken), *custom)

@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .custom_metric import CUSTOM_METRIC, CUSTOM_METRIC_TYPES, CustomMetricModel, error_text, snake_name
-from .metrics import DEFAULT_METRICS, METRICS, SLO_METRICS, CustomMetric, MetricDef
+from .custom_metric import CUSTOM_METRIC, CUSTOM_METRIC_TYPES, CustomMetric, error_text, snake_name
+from .metrics import DEFAULT_METRICS, METRICS, SLO_METRICS, MetricDef
 from .sequential import DEFAULT_TUNING_N
 
 
@@ -155,7 +155,7 @@ def _snake(value: Any, where: str, max_len: int = 64) -> str:
         raise SpecError(f"{where}: {exc}") from None
 
 
-def validate_custom(raw: Any) -> tuple[CustomMetricModel, ...]:
+def validate_custom(raw: Any) -> tuple[CustomMetric, ...]:
     """``metrics.custom``: each entry validated by its type's model (already-validated models
     pass as they are), then what only the list can tell: no built-in's name, none twice."""
     if raw is None:
@@ -164,10 +164,10 @@ def validate_custom(raw: Any) -> tuple[CustomMetricModel, ...]:
         raise SpecError("metrics.custom: expected a list of metric definitions")
     if len(raw) > MAX_CUSTOM:
         raise SpecError(f"metrics.custom: at most {MAX_CUSTOM} metrics, got {len(raw)}")
-    out: list[CustomMetricModel] = []
+    out: list[CustomMetric] = []
     for i, item in enumerate(raw):
         where = f"metrics.custom[{i}]"
-        m: CustomMetricModel
+        m: CustomMetric
         if isinstance(item, CUSTOM_METRIC_TYPES):
             m = item
         elif not isinstance(item, Mapping):
@@ -185,9 +185,8 @@ def validate_custom(raw: Any) -> tuple[CustomMetricModel, ...]:
     return tuple(out)
 
 
-def parse_custom(raw: Any) -> tuple[CustomMetric, ...]:
-    """The engine's definitions of ``metrics.custom`` (:func:`validate_custom`)."""
-    return tuple(m.definition() for m in validate_custom(raw))
+parse_custom = validate_custom
+"""The spec's reading of ``metrics.custom``: the validated models are the engine's definitions."""
 
 
 def parse_segments(raw: Any) -> tuple[str, ...]:

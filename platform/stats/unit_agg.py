@@ -53,14 +53,13 @@ from numpy.typing import NDArray
 
 from ablab.platform import fields
 
+from .custom_metric import CustomMetric, custom_columns
 from .metrics import (
     DIM_PREFIX,
     HISTOGRAM_SOURCES,
     MEASURE_PREFIX,
     SLO_METRICS,
     UNIT_COLUMNS,
-    CustomMetric,
-    custom_columns,
 )
 from .sufficient import HIST_BUCKETS, HistogramStats, histogram_bucket, histogram_bucket_sql
 
@@ -188,7 +187,7 @@ def custom_plan(m: CustomMetric) -> tuple[list[UnitColumn], list[UnitColumn], li
     if "pre_x" in names:
         pre = _xy(names["pre_x"], names["pre_y"], m)
     if "cov_x" in names:
-        cols += _xy(names["cov_x"], names["cov_y"], m, source=m.cuped)
+        cols += _xy(names["cov_x"], names["cov_y"], m, source=m.covariate)
     return cols, pre, hist
 
 

@@ -129,8 +129,9 @@ def test_the_sections_render_real_engine_output() -> None:
     import numpy as np
 
     from ablab.platform.stats.aggregates import variant_stats_from_units
+    from ablab.platform.stats.custom_metric import custom_columns
     from ablab.platform.stats.engine import analyze
-    from ablab.platform.stats.metrics import UNIT_COLUMNS, custom_columns
+    from ablab.platform.stats.metrics import UNIT_COLUMNS
     from ablab.platform.stats.spec import parse_spec
 
     spec = parse_spec({

@@ -118,7 +118,7 @@ def test_timeseries_and_attribution_shapes() -> None:
 
 def test_the_engine_output_with_custom_metrics_validates_without_extras() -> None:
     # the shapes name every field the engine writes: nothing falls into the open extras
-    from ablab.platform.stats.metrics import custom_columns
+    from ablab.platform.stats.custom_metric import custom_columns
 
     spec = parse_spec({
         "key": "k", "variants": [{"key": "control", "strategy": {}}, {"key": "big", "strategy": {}}],

@@ -27,10 +27,11 @@ def test_the_registry_holds_the_stats_models_discriminated_by_type() -> None:
     # the spec reads the same objects: one definition each, the direction resolved
     spec = parse_spec({"key": "k", "variants": [{"key": "a"}, {"key": "b"}],
                        "metrics": {"primary": ["judge"], "custom": metrics.custom}})
-    assert [m.definition() for m in metrics.custom] == list(spec.custom)
+    assert list(metrics.custom) == list(spec.custom)
     by = {m.name: m for m in spec.custom}
     assert not by["judge"].lower_is_better and by["cpk"].lower_is_better and by["steps_p90"].lower_is_better
-    assert by["judge"].cuped == "pre_period" and by["cpk"].scale == 1000.0
+    assert by["judge"].covariate == "pre_period" and by["cpk"].scale == 1000.0 and by["cpk"].column is None
+    assert by["steps_p90"].sources == ("measures.steps",) and by["steps_p90"].covariate is None
 
 
 @pytest.mark.parametrize(("metric", "says"), [

@@ -5,8 +5,9 @@ import pytest
 
 from ablab.platform.stats.aggregates import variant_stats_from_units
 from ablab.platform.stats.attribution import attribute
+from ablab.platform.stats.custom_metric import custom_columns
 from ablab.platform.stats.engine import analyze
-from ablab.platform.stats.metrics import UNIT_COLUMNS, custom_columns
+from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.render import flat_rows, rich_tables
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.sufficient import HistogramStats

@@ -18,8 +18,9 @@ from gbstats.models.statistics import (
 from scipy import stats as sps
 
 from ablab.platform.stats.aggregates import variant_stats_from_units
+from ablab.platform.stats.custom_metric import custom_columns
 from ablab.platform.stats.engine import analyze, compare_metric
-from ablab.platform.stats.metrics import UNIT_COLUMNS, custom_columns
+from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.sufficient import HistogramStats
 

@@ -16,8 +16,9 @@ from pydantic import ValidationError
 from scipy import stats as sps
 
 from ablab.platform.stats.aggregates import OPTIONAL_COLUMNS, VariantStats, variant_stats_from_units
+from ablab.platform.stats.custom_metric import custom_columns
 from ablab.platform.stats.engine import analyze, analyze_results
-from ablab.platform.stats.metrics import UNIT_COLUMNS, custom_columns
+from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.result_models import MetricRow, Results
 from ablab.platform.stats.sequential import confidence_sequence_halfwidth
 from ablab.platform.stats.spec import parse_spec

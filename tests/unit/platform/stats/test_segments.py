@@ -7,8 +7,9 @@ import pytest
 from scipy import stats as sps
 
 from ablab.platform.stats.aggregates import VariantStats, variant_stats_from_units
+from ablab.platform.stats.custom_metric import custom_columns
 from ablab.platform.stats.engine import analyze
-from ablab.platform.stats.metrics import UNIT_COLUMNS, custom_columns
+from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.segments import cochran_q, segment_breakdown
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.sufficient import RatioStats, SampleStats

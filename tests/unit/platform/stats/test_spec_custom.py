@@ -25,7 +25,7 @@ def test_the_contract_example_parses():
     assert s.metrics[-5:] == tuple(by)  # custom metrics are appended to the reported ones
     assert s.segments == ("dims.domain",)
     assert s.mde_for("judge_score") == 0.02 and s.mde_for("e2e_ms") == 0.05
-    assert by["e2e_per_user"].cuped == "pre_period" and by["e2e_per_user"].aggregation == "unit_mean"
+    assert by["e2e_per_user"].covariate == "pre_period" and by["e2e_per_user"].aggregation == "unit_mean"
     assert by["cost_per_1k_out"].scale == 1000 and by["cost_per_1k_out"].lower_is_better  # cost: natural
     assert by["ttft_p90"].quantile == 0.9 and by["ttft_p90"].lower_is_better
     assert not by["judge_score"].lower_is_better and not by["tool_calls"].lower_is_better

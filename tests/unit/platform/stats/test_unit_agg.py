@@ -11,7 +11,8 @@ import pandas as pd
 import pytest
 
 from ablab.platform.stats import unit_agg as ua
-from ablab.platform.stats.metrics import UNIT_COLUMNS, CustomMetric, custom_columns
+from ablab.platform.stats.custom_metric import CUSTOM_METRIC, MeanMetric, custom_columns
+from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.offline import aggregate_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict
@@ -19,12 +20,18 @@ from ablab.platform.stats.synthetic import spec_dict
 SPEC = parse_spec(spec_dict())
 
 
+def _metric(name, kind, cuped=None, **fields):
+    """A custom metric as the registry and the spec validate it."""
+    return CUSTOM_METRIC.validate_python({"name": name, "type": kind, **fields,
+                                          **({"cuped": {"covariate": cuped}} if cuped else {})})
+
+
 def test_the_plan_has_every_built_in_column_and_each_custom_metrics_columns():
     metrics = (
-        CustomMetric("judge", "mean", column="score", cuped="pre_period"),
-        CustomMetric("cpk", "ratio", numerator="cost_usd", denominator="output_tokens", scale=1000),
-        CustomMetric("steps_p90", "quantile", column="measures.steps", quantile=0.9),
-        CustomMetric("tools", "mean", column="measures.tools", cuped="e2e_ms"),
+        _metric("judge", "mean", column="score", cuped="pre_period"),
+        _metric("cpk", "ratio", numerator="cost_usd", denominator="output_tokens", scale=1000),
+        _metric("steps_p90", "quantile", column="measures.steps", quantile=0.9),
+        _metric("tools", "mean", column="measures.tools", cuped="e2e_ms"),
     )
     plan = ua.plan(replace(SPEC, custom=metrics, segments=("dims.domain",), start="2026-12-01T00:00:00Z"))
     names = {c.name for c in plan.columns}
@@ -41,7 +48,8 @@ def test_the_plan_has_every_built_in_column_and_each_custom_metrics_columns():
 
 def test_unknown_sources_and_segments_are_refused():
     with pytest.raises(ValueError, match="unknown source"):
-        ua.plan(replace(SPEC, custom=(CustomMetric("x", "mean", column="latency"),)))
+        # built past validation: the plan refuses a source it cannot read on its own
+        ua.plan(replace(SPEC, custom=(MeanMetric.model_construct(name="x", type="mean", column="latency"),)))
     with pytest.raises(ValueError, match="dims"):
         ua.plan(replace(SPEC, segments=("country",)))
 
@@ -69,7 +77,7 @@ def test_one_error_rule_present_and_not_empty():
 
 
 def test_a_label_may_carry_only_a_score_and_the_latest_per_field_wins():
-    spec = replace(SPEC, custom=(CustomMetric("judge", "mean", column="score"),))
+    spec = replace(SPEC, custom=(_metric("judge", "mean", column="score"),))
     ev = _events([
         _inference("t1", "u1"),
         _inference("t2", "u2"),
@@ -98,7 +106,7 @@ def test_segment_values_are_bounded_other_and_none():
 
 
 def test_measures_as_a_map_a_struct_or_flat_columns_read_the_same():
-    spec = replace(SPEC, custom=(CustomMetric("tools", "mean", column="measures.tools"),), segments=("dims.domain",))
+    spec = replace(SPEC, custom=(_metric("tools", "mean", column="measures.tools"),), segments=("dims.domain",))
     rows = [_inference(f"t{i}", f"u{i % 3}", measures={"tools": float(i)} if i % 4 else {}, dims={"domain": "a" if i % 2 else "b"})
             for i in range(12)]
     structs = aggregate_events(_events(rows), spec)

@@ -249,6 +249,44 @@ async def throughput(url: str, pid: int | list[int], concurrency: int, requests:
     return requests / wall, requests / cpu if cpu > 0 else float("nan"), cpu / wall
 
 
+async def client_cpu(url: str, requests: int, concurrency: int) -> dict[str, float]:
+    """CPU of this process per streamed request (16 chunks), reading the backend with the
+    gateway's data-plane client (``RelayClient``) and with httpx (the old data plane)."""
+    import httpx
+
+    from ablab.platform.gateway.relay import RelayClient
+
+    body = b'{"model":"ok","stream":true,"messages":[{"role":"user","content":"hi"}]}'
+    target = url + "/chat/completions"
+    relay = RelayClient(timeout_s=30)
+    hx = httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=512, max_keepalive_connections=64))
+
+    async def via_relay() -> None:
+        r = await relay.send(relay.build_request("POST", target, content=body, headers={"content-type": "application/json"}))
+        async for _ in r.aiter_raw():
+            pass
+        await r.aclose()
+
+    async def via_httpx() -> None:
+        async with hx.stream("POST", target, content=body, headers={"content-type": "application/json"}) as r:
+            async for _ in r.aiter_raw():
+                pass
+
+    out = {}
+    for name, call in (("relay", via_relay), ("httpx", via_httpx)):
+        async def worker(k: int, call=call) -> None:
+            for _ in range(k):
+                await call()
+
+        await worker(50)  # warm-up
+        cpu0 = time.process_time()
+        await asyncio.gather(*(worker(requests // concurrency) for _ in range(concurrency)))
+        out[name] = (time.process_time() - cpu0) / (requests // concurrency * concurrency) * 1e6
+    await relay.aclose()
+    await hx.aclose()
+    return out
+
+
 def rss_mib(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -398,6 +436,8 @@ def main() -> None:
     ap.add_argument("--whole-levels", default="1,16", help="Concurrency levels for non-streamed requests ('' skips).")
     ap.add_argument("--scaling-workers", type=int, default=0, help="Also compare N gateway processes on one port "
                     "(SO_REUSEPORT, as --workers N) with one, in wall req/s (meaningful on a host with spare cores).")
+    ap.add_argument("--client-cpu", action="store_true", help="Also measure the data-plane client alone: CPU per "
+                    "streamed request reading the scripted backend with RelayClient and with httpx (1 and 64 at once).")
     ap.add_argument("--baseline-tree", type=Path, help="A tree holding an older ablab/platform/gateway (e.g. "
                     "`git archive <rev> platform/gateway | tar -x -C DIR/ablab`): run it too, as target `before`.")
     ap.add_argument("--soak-minutes", type=float, default=0.0, help="Then soak the gateway: 64 streams, half cut "
@@ -449,6 +489,15 @@ def main() -> None:
         targets = backend_and_proxies(f"http://127.0.0.1:{sp}/v1", "scripted")
         gw_pid = int(targets.pop("_gw_pid"))
         before_pid = int(targets.pop("_before_pid", "0"))
+        if args.client_cpu:
+            out["client_cpu_us"] = {}
+            for c in (1, 64):
+                import uvloop  # the gateway's loop
+
+                got = uvloop.run(client_cpu(f"http://127.0.0.1:{sp}/v1", 1280, c))
+                out["client_cpu_us"][c] = got
+                print(f"client CPU per streamed request, {c} at once: RelayClient {got['relay']:.0f} us, "
+                      f"httpx {got['httpx']:.0f} us")
         out["scripted"] = {}
         for c in levels:
             res = asyncio.run(level(targets, "ok", c, max(args.requests, c * 4), args.rounds, None))

@@ -16,13 +16,16 @@ from typing import Any, TypedDict
 import numpy as np
 from numpy.typing import NDArray
 
+from ablab.platform import fields
+
 from .custom_metric import CustomMetric, custom_columns
 from .metrics import HISTOGRAM_SOURCES, METRICS, UNIT_COLUMNS
 from .sufficient import CupedStats, HistogramStats, RatioStats, SampleStats
 
 Array = NDArray[np.float64]
 
-OPTIONAL_COLUMNS = {"e2e_ms_sq", "ttft_ms_sq"}
+# Σ of squared request values (a quantile's design effect): a store may not write them
+OPTIONAL_COLUMNS = frozenset(fields.unit_column(f, "sq") for f in fields.HISTOGRAM_FIELDS)
 
 
 @dataclass(frozen=True, eq=False)

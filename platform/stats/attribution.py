@@ -24,14 +24,16 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from ablab.platform import fields
+
 from . import _dist
 from .aggregates import VariantStats
 from .engine import arm_estimate, empty_variant, json_ready
 from .result_models import Attribution, Factorial, Pareto, ParetoPoint
 from .spec import ExperimentSpec
 
-PARETO_OBJECTIVES = {"e2e_ms": "min", "cost_usd": "min", "accuracy": "max"}
-ATTRIBUTION_METRICS = ("e2e_ms", "accuracy", "cost_usd")
+PARETO_OBJECTIVES = {fields.HEADLINE_LATENCY: "min", fields.COST_FIELD: "min", "accuracy": "max"}
+ATTRIBUTION_METRICS = (fields.HEADLINE_LATENCY, "accuracy", fields.COST_FIELD)
 
 
 def pareto_frontier(points: Mapping[str, Mapping[str, float]], objectives: Mapping[str, str] = PARETO_OBJECTIVES) -> list[dict[str, Any]]:

@@ -212,9 +212,7 @@ class SegmentRow(_Shape):
     rel_ci: Interval = Field(default_factory=_nulls)
     p_value: Number = None
     p_value_adjusted: Number = None
-    # the comparison's standard error, as on a metric row, once the breakdown writes it
-    # (absent until then)
-    se: Number = Field(default=None, **_ABSENT_WHEN_NONE)
+    se: Number = None  # the comparison's standard error, as on a metric row (null for the control)
 
 
 class Heterogeneity(_Shape):
@@ -326,7 +324,7 @@ class Timeseries(_Shape):
 
 
 class ParetoPoint(_Shape):
-    """A variant's objectives (``e2e_ms``, ``cost_usd``, ``accuracy``, or the metrics asked
+    """A variant's objectives (the headline latency, cost and accuracy, or the metrics asked
     for) as extra fields: the one open shape, its keys are metric names."""
 
     model_config = ConfigDict(extra="allow")

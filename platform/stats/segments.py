@@ -68,10 +68,10 @@ def segment_breakdown(
                     est, _, n, _ = arm_estimate(spec, m, stats[v.key])
                     row = {"value": value, "metric": name, "variant": v.key, "n": n, "estimate": est}
                     if v.key == spec.control:
-                        row.update(abs_diff=None, rel_diff=None, rel_ci=[None, None], p_value=None, p_value_adjusted=None)
+                        row.update(abs_diff=None, rel_diff=None, rel_ci=[None, None], p_value=None, p_value_adjusted=None, se=None)
                     else:
                         c = compare_metric(spec, m, control, stats[v.key])
-                        row.update(abs_diff=c.abs_diff, rel_diff=c.rel_diff, rel_ci=list(c.rel_ci), p_value=c.p_value)
+                        row.update(abs_diff=c.abs_diff, rel_diff=c.rel_diff, rel_ci=list(c.rel_ci), p_value=c.p_value, se=c.se)
                         families.setdefault((name, v.key), []).append(row)
                         d, s = effects.setdefault((name, v.key), ([], []))
                         d.append(c.abs_diff)

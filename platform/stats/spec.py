@@ -8,7 +8,7 @@ the registry validates request bodies with). Errors name the offending field.
 Guardrails::
 
     guardrails:
-      - {metric: ttft_ms_p95, max: 800}                 # SLA: confidently above → breach (pauses)
+      - {metric: <latency>_p95, max: 800}               # SLA: confidently above → breach (pauses)
       - {metric: accuracy, margin: 0.02}                # non-inferiority, absolute
       - {metric: error_rate, margin: 0.10, relative: true}
 """
@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
+
+from ablab.platform import fields
 
 from .custom_metric import CUSTOM_METRIC, CUSTOM_METRIC_TYPES, CustomMetric, error_text, snake_name
 from .metrics import DEFAULT_METRICS, METRICS, SLO_METRICS, MetricDef
@@ -59,7 +61,7 @@ class ExperimentSpec:
     variants: tuple[VariantSpec, ...]
     unit: str = "user"
     metrics: tuple[str, ...] = DEFAULT_METRICS
-    primary: tuple[str, ...] = ("e2e_ms",)
+    primary: tuple[str, ...] = (fields.HEADLINE_LATENCY,)
     guardrails: tuple[Guardrail, ...] = ()
     slos: Mapping[str, float] = field(default_factory=dict)  # metric → max ms, for goodput
     alpha: float = 0.05
@@ -275,7 +277,7 @@ def parse_spec(data: Mapping[str, Any]) -> ExperimentSpec:
     for i, name in enumerate(names):
         if name not in known:
             raise SpecError(f"{where}[{i}]: unknown metric {name!r}; known: {', '.join(known)}")
-    primary_t = tuple([primary] if isinstance(primary, str) else (primary or ["e2e_ms"]))
+    primary_t = tuple([primary] if isinstance(primary, str) else (primary or [fields.HEADLINE_LATENCY]))
     for name in primary_t:
         if name not in known:
             raise SpecError(f"primary: unknown metric {name!r}; known: {', '.join(known)}")

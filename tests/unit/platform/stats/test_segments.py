@@ -57,6 +57,10 @@ def test_planted_heterogeneous_effect_is_flagged():
     by_value = {r["value"]: r for r in dim["rows"] if r["variant"] == "treat"}
     assert by_value["code"]["p_value_adjusted"] < 0.05 and by_value["code"]["rel_diff"] == pytest.approx(0.15, abs=0.05)
     assert all(by_value[v]["p_value_adjusted"] >= by_value[v]["p_value"] for v in lifts)
+    # each treatment row carries its comparison's standard error: Cochran's Q is rebuilt from the rows
+    rows = [by_value[v] for v in lifts]
+    assert all(r["se"] > 0 for r in rows) and all(r["se"] is None for r in dim["rows"] if r["variant"] == "control")
+    assert cochran_q([r["abs_diff"] for r in rows], [r["se"] for r in rows])[0] == pytest.approx(het["q"], rel=1e-12)
 
     # the same lift everywhere: an effect, but no heterogeneity
     per_segment = {"dims.domain": {v: _segment_units(rng, spec, 800, 10.0, 0.05) for v in lifts}}
@@ -67,6 +71,7 @@ def test_planted_heterogeneous_effect_is_flagged():
     stats = _segment_units(rng, spec, 800, 10.0, 0.0)
     out = analyze(spec=spec, stats=stats, segments=per_segment)
     assert out["segments"][0]["dimension"] == "dims.domain" and len(out["segments"][0]["rows"]) == 10
+    assert all("se" in r for r in out["segments"][0]["rows"])  # in the JSON, null for the control
     assert analyze(spec=spec, stats=stats)["segments"] == []
 
 

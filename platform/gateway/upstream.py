@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import itertools
 import ssl
+import urllib.request
+from typing import cast
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -27,19 +30,33 @@ class UpstreamPool:
         self.clients = [httpx.AsyncClient(timeout=timeout, limits=limits, verify=verify) for _ in range(shards)]
         self._next = itertools.cycle(self.clients).__next__
         self.data = RelayClient(timeout_s=backend.timeout_s, connect_timeout_s=min(10.0, backend.timeout_s), ssl=verify)
+        # A backend reached through an HTTP(S)_PROXY from the environment (httpx honours them; the
+        # relay client speaks only directly): its relayed requests keep going through httpx.
+        self.proxied = _proxied(backend.url)
 
     def client(self) -> httpx.AsyncClient:
         """An httpx client for side calls."""
         return self._next()
 
     def relay(self) -> RelayClient:
-        """The data plane's client: every relayed request goes through it."""
+        """The data plane's client: every relayed request goes through it (through httpx, which
+        has the same ``build_request``/``send``/response surface, for a proxied backend)."""
+        if self.proxied:
+            return cast(RelayClient, self.clients[0])
         return self.data
 
     async def aclose(self) -> None:
         await self.data.aclose()
         for c in self.clients:
             await c.aclose()
+
+
+def _proxied(url: str) -> bool:
+    parts = urlsplit(url)
+    proxies = urllib.request.getproxies()
+    if not proxies.get(parts.scheme) and not proxies.get("all"):
+        return False
+    return not urllib.request.proxy_bypass(parts.hostname or "")
 
 
 def upstream_pools(backends: dict[str, Backend], *, shards: int = DEFAULT_SHARDS) -> dict[str, UpstreamPool]:

@@ -151,3 +151,21 @@ def test_a_caller_gone_mid_stream_under_the_gateways_own_http_protocol(backend: 
     finally:
         server.should_exit = True
         thread.join(10)
+
+
+def test_a_backend_behind_an_environment_proxy_keeps_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
+    from ablab.platform.gateway.settings import Backend
+    from ablab.platform.gateway.upstream import upstream_pools
+
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    pools = upstream_pools({"hosted": Backend("hosted", "https://api.example.com/v1"),
+                            "local": Backend("local", "http://127.0.0.1:8081/v1")})
+    assert isinstance(pools["hosted"].relay(), httpx.AsyncClient)  # httpx honours the proxy
+    assert isinstance(pools["local"].relay(), RelayClient)
+
+    async def close() -> None:
+        for pool in pools.values():
+            await pool.aclose()
+
+    asyncio.run(close())

@@ -174,7 +174,7 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: 
     for _ in range(repeat):
         c0 = _self_cpu()
         t = time.perf_counter()
-        result = results(client, spec)  # what GET /v1/experiments/{key}/results runs: SLO check + rollup read + engine
+        result = results(client, spec).model_dump(mode="json")  # what GET /v1/experiments/{key}/results runs: SLO check + rollup read + engine
         times.append(time.perf_counter() - t)
         cpu.append(_self_cpu() - c0)
     print(f"[rollup] results for {total:,} events (API path: SLO check + unit_stats read + engine): "
@@ -191,7 +191,7 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: 
         print(f"[loader] rollup step of a 2,000-event batch ({done['bench']:,} units recomputed): "
               f"wall {time.perf_counter() - t:.2f} s, CPU {_self_cpu() - c0:.2f} s; load avg {os.getloadavg()[0]:.1f}")
     t = time.perf_counter()
-    result = results(client, spec)
+    result = results(client, spec).model_dump(mode="json")
     print(f"[rollup] results after those batches: wall {time.perf_counter() - t:.2f} s; load avg {os.getloadavg()[0]:.1f}")
     bench_custom(client, total, repeat)
     for final in (True, False) if raw else ():
@@ -199,7 +199,7 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: 
         for _ in range(repeat):
             c0 = _self_cpu()
             t = time.perf_counter()
-            result = results_from_raw(client, spec, final=final)
+            result = results_from_raw(client, spec, final=final).model_dump(mode="json")
             times.append(time.perf_counter() - t)
             cpu.append(_self_cpu() - c0)
         e2e = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control")
@@ -223,7 +223,7 @@ def bench_custom(client, total: int, repeat: int) -> None:
         c0 = _self_cpu()
         t = time.perf_counter()
         agg = aggregates(client, spec)
-        result = _analyze(spec, agg)
+        result = _analyze(spec, agg).model_dump(mode="json")
         times.append(time.perf_counter() - t)
         cpu.append(_self_cpu() - c0)
     print(f"[custom] results for {total:,} events, 3 custom metrics + dims.domain "
@@ -239,7 +239,7 @@ def bench_custom(client, total: int, repeat: int) -> None:
             agg = aggregates_from_raw(client, spec, final=final)
             agg_t.append(time.perf_counter() - t)
             try:
-                result = _analyze(spec, agg)
+                result = _analyze(spec, agg).model_dump(mode="json")
             except (KeyError, ValueError) as exc:  # an engine without custom metrics yet
                 result = {"error": str(exc)}
             times.append(time.perf_counter() - t)

@@ -55,13 +55,14 @@ def analyze(
 
     try:
         table = read_events(events)
-        result, agg = analyze_events(table, spec)
+        results, agg = analyze_events(table, spec)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     if rejects is not None and agg.rejected is not None:
         with rejects.open("w") as fh:  # dead letters: the rows as read, plus why
             for row in agg.rejected.to_pylist():
                 fh.write(json.dumps(row, default=str) + "\n")
+    result = results.model_dump(mode="json")  # the JSON GET …/results answers
     rejected = sum(result["data_quality"]["rejected"].values())
     if rejected:
         console.print(f"[yellow]{rejected} malformed events rejected[/] {result['data_quality']['rejected']}")

@@ -25,15 +25,17 @@ the store; chDB allows one owner per data directory).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ablab.platform.stats import paired as pr
 from ablab.platform.stats import unit_agg as ua
 from ablab.platform.stats.aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
-from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.attribution import attribution_results
+from ablab.platform.stats.engine import analyze_results
 from ablab.platform.stats.metrics import HISTOGRAM_SOURCES
+from ablab.platform.stats.result_models import Attribution, Results
 from ablab.platform.stats.spec import ExperimentSpec
 from ablab.platform.stats.sufficient import HistogramStats
 
@@ -201,26 +203,24 @@ def _floats(column: np.ndarray) -> np.ndarray:
     return column.astype(float)
 
 
-def _analyze(store: AnalyticsReads, spec: ExperimentSpec, agg: StoreAggregates) -> dict[str, Any]:
-    return analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments,
-                   shadows=shadow_pairs(store, spec))
+def _analyze(store: AnalyticsReads, spec: ExperimentSpec, agg: StoreAggregates) -> Results:
+    return analyze_results(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments,
+                           shadows=shadow_pairs(store, spec))
 
 
-def results(store: AnalyticsReads, spec: ExperimentSpec) -> dict[str, Any]:
+def results(store: AnalyticsReads, spec: ExperimentSpec) -> Results:
     """``GET /v1/experiments/{key}/results`` from the store."""
     return _analyze(store, spec, aggregates(store, spec))
 
 
-def results_from_raw(store: AnalyticsReads, spec: ExperimentSpec, *, final: bool = True) -> dict[str, Any]:
+def results_from_raw(store: AnalyticsReads, spec: ExperimentSpec, *, final: bool = True) -> Results:
     return _analyze(store, spec, aggregates_from_raw(store, spec, final=final))
 
 
-def results_from_rollup(store: AnalyticsReads, spec: ExperimentSpec) -> dict[str, Any]:
+def results_from_rollup(store: AnalyticsReads, spec: ExperimentSpec) -> Results:
     return _analyze(store, spec, aggregates_from_rollup(store, spec))
 
 
-def attribution(store: AnalyticsReads, spec: ExperimentSpec) -> dict[str, Any]:
+def attribution(store: AnalyticsReads, spec: ExperimentSpec) -> Attribution:
     """``GET /v1/experiments/{key}/attribution`` from the store."""
-    from ablab.platform.stats.attribution import attribute
-
-    return attribute(spec=spec, stats=aggregates(store, spec).stats)
+    return attribution_results(spec=spec, stats=aggregates(store, spec).stats)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from ablab.platform.config import Settings, get_settings
 from ablab.platform.errors import Invalid
 from ablab.platform.registry.schemas import ExperimentRead
+from ablab.platform.stats.result_models import Attribution, Results
 from ablab.platform.stats.spec import ExperimentSpec, SpecError, parse_spec
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def stats_spec(exp: ExperimentRead, *, settings: Settings | None = None) -> Expe
     return replace(spec, adaptive=True) if is_adaptive(exp, settings) else spec
 
 
-def results(store: AnalyticsReads, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
+def results(store: AnalyticsReads, exp: ExperimentRead, *, settings: Settings | None = None) -> Results:
     """From the per-unit rollup where it applies, else one raw scan; read only. ``store``: the
     analytics backend (``AnalyticsBackend``, which is :class:`.store_port.AnalyticsReads`)."""
     from ablab.platform.analytics.results import results as from_store
@@ -54,7 +55,7 @@ def results(store: AnalyticsReads, exp: ExperimentRead, *, settings: Settings | 
     return from_store(store, stats_spec(exp, settings=settings))
 
 
-def attribution(store: AnalyticsReads, exp: ExperimentRead, *, settings: Settings | None = None) -> dict[str, Any]:
+def attribution(store: AnalyticsReads, exp: ExperimentRead, *, settings: Settings | None = None) -> Attribution:
     from ablab.platform.analytics.results import attribution as from_store
 
     return from_store(store, stats_spec(exp, settings=settings))

@@ -28,8 +28,7 @@ The ship record is the audit entry (action ``ship``); :func:`current_ship` reads
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -51,6 +50,7 @@ from ablab.platform.registry.experiments import (
 )
 from ablab.platform.registry.models import AuditEntry, Experiment, aware
 from ablab.platform.registry.schemas import ExperimentRead, Status
+from ablab.platform.stats.result_models import Results
 
 SHIP_ACTION = "ship"
 MAX_REASON_CHARS = 500
@@ -122,27 +122,25 @@ class Gate:
         return self.decision == "ship"
 
 
-def _finite_or_none(value: Any) -> Any:
-    return None if isinstance(value, float) and not math.isfinite(value) else value
+# The primary rows' fields a ship keeps as evidence (the audit entry's JSON).
+EVIDENCE_FIELDS = frozenset({"metric", "variant", "estimate", "ci", "abs_diff", "rel_diff", "rel_ci", "p_value",
+                             "p_value_adjusted", "n", "units"})
 
 
-def ship_gate(result: Mapping[str, Any], variant: str, primary: Sequence[str]) -> Gate:
-    """The variant's decision in a results document, with the rows that back it: the
+def ship_gate(result: Results, variant: str, primary: Sequence[str]) -> Gate:
+    """The variant's decision in the engine's results, with the rows that back it: the
     ``primary`` metrics' rows of the variant and the control, its guardrails, the SRM check
-    (pure)."""
-    decision = next((d for d in result.get("decisions") or [] if d.get("variant") == variant), None)
-    control = result.get("control")
-    rows = [m for m in result.get("metrics") or [] if m.get("variant") in (variant, control) and m.get("metric") in primary]
-    keep = ("metric", "variant", "estimate", "ci", "abs_diff", "rel_diff", "rel_ci", "p_value", "p_value_adjusted", "n", "units")
-    srm = result.get("srm") or {}
+    (pure; the evidence is JSON, NaN already null in the models)."""
+    decision = next((d for d in result.decisions if d.variant == variant), None)
+    rows = [m for m in result.metrics if m.variant in (variant, result.control) and m.metric in primary]
     evidence = {
-        "primary": [{k: _finite_or_none(m.get(k)) for k in keep if k in m} for m in rows],
-        "guardrails": [dict(g) for g in result.get("guardrails") or [] if g.get("variant") == variant],
-        "srm": {"p_value": _finite_or_none(srm.get("p_value")), "flagged": bool(srm.get("flagged"))},
+        "primary": [m.model_dump(mode="json", include=EVIDENCE_FIELDS) for m in rows],
+        "guardrails": [g.model_dump(mode="json") for g in result.guardrails if g.variant == variant],
+        "srm": result.srm.model_dump(mode="json", include={"p_value", "flagged"}),
     }
     if decision is None:
         return Gate(variant, None, [], evidence)
-    return Gate(variant, str(decision.get("decision")), [str(r) for r in decision.get("reasons") or []], evidence)
+    return Gate(variant, decision.decision, list(decision.reasons), evidence)
 
 
 # -- reading the ship back -----------------------------------------------------------------
@@ -177,7 +175,7 @@ def current_ship(session: Session, key: str) -> ShipRecord | None:
 
 
 # -- shipping ------------------------------------------------------------------------------
-ResultsOf = Callable[[ExperimentRead], Mapping[str, Any]]
+ResultsOf = Callable[[ExperimentRead], Results]
 
 
 def _refuse_state(exp: Experiment, variant: str) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from . import result_models as rm
 from .spec import ExperimentSpec, Guardrail
@@ -149,15 +148,12 @@ def decide(
     return decisions
 
 
-def guardrail_breaches(result: rm.Results | Mapping[str, Any]) -> list[dict[str, str]]:
-    """Variants to pause now, and why, from an analysis result (the models, or their JSON
-    as the results service returns it; the API wires the pausing)."""
-    if isinstance(result, rm.Results):
-        result = result.model_dump(mode="json")
+def guardrail_breaches(result: rm.Results) -> list[dict[str, str]]:
+    """Variants to pause now, and why, from an analysis result (the API wires the pausing)."""
     out: dict[str, dict[str, str]] = {}
-    for g in result.get("guardrails", []):
-        if g["status"] == "fail" and g.get("pause") and g["variant"] != result.get("control"):
-            entry = out.setdefault(g["variant"], {"variant": g["variant"], "metric": g["metric"], "reason": g["reason"]})
-            if entry["reason"] != g["reason"]:
-                entry["reason"] += f"; {g['reason']}"
+    for g in result.guardrails:
+        if g.status == "fail" and g.pause and g.variant != result.control:
+            entry = out.setdefault(g.variant, {"variant": g.variant, "metric": g.metric, "reason": g.reason})
+            if entry["reason"] != g.reason:
+                entry["reason"] += f"; {g.reason}"
     return list(out.values())

@@ -31,8 +31,9 @@ from ablab.platform.fields import fields_of
 from . import paired as pr
 from . import unit_agg as ua
 from .aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
-from .engine import analyze
+from .engine import analyze_results
 from .metrics import DIM_PREFIX, MEASURE_PREFIX
+from .result_models import Results
 from .spec import ExperimentSpec
 
 Array = NDArray[Any]  # one value per event row, unit or code
@@ -457,9 +458,10 @@ def _exposures(
     return {v.key: float(counts.get(v.key, 0)) for v in spec.variants}
 
 
-def analyze_events(events: Any, spec: ExperimentSpec) -> tuple[dict[str, Any], OfflineAggregates]:
+def analyze_events(events: Any, spec: ExperimentSpec) -> tuple[Results, OfflineAggregates]:
+    """The engine's results over an event file (``ablab analyze``), and what was aggregated."""
     agg = aggregate_events(events, spec)
-    result = analyze(spec=spec, stats=agg.stats, exposures=agg.exposures, extra={"data_quality": agg.data_quality},
-                     segments=agg.segments, shadows=agg.shadows)
+    result = analyze_results(spec=spec, stats=agg.stats, exposures=agg.exposures, extra={"data_quality": agg.data_quality},
+                             segments=agg.segments, shadows=agg.shadows)
     return result, agg
 

@@ -30,7 +30,7 @@ _METRIC_EXAMPLES = f"e.g. {fields.HEADLINE_LATENCY}, {fields.SLA_LATENCY}, error
 
 
 @router.get("/{key}/results", response_model=Results, responses=_ERRORS)
-def experiment_results(_: Viewer, exp: CurrentExperiment, store: Store) -> dict[str, Any]:
+def experiment_results(_: Viewer, exp: CurrentExperiment, store: Store) -> Results:
     return analytics.results(store, exp)
 
 
@@ -45,5 +45,5 @@ def experiment_timeseries(
 
 
 @router.get("/{key}/attribution", response_model=Attribution, responses=_ERRORS)
-def experiment_attribution(_: Viewer, exp: CurrentExperiment, store: Store, session: SessionDep) -> dict[str, Any]:
+def experiment_attribution(_: Viewer, exp: CurrentExperiment, store: Store, session: SessionDep) -> Attribution:
     return analytics.attribution(store, factors.with_declared_defaults(session, exp))

@@ -9,7 +9,6 @@ and what a ship does to layers and holdouts: :mod:`ablab.platform.registry.ship`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Response
@@ -21,6 +20,7 @@ from ablab.platform.errors import Conflict, Invalid, NotFound, PreconditionFaile
 from ablab.platform.registry import service
 from ablab.platform.registry.schemas import ExperimentRead
 from ablab.platform.registry.ship import ShipRefused, ShipRequest, ShipResult, ShipStatus, current_ship, ship_variant
+from ablab.platform.stats.result_models import Results
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"])
 
@@ -50,12 +50,11 @@ def ship(
     evidence). A retry of the same ship answers it again (`replayed: true`), unchanged."""
     store = state.analytics
 
-    def results_of(exp: ExperimentRead) -> Mapping[str, Any]:
+    def results_of(exp: ExperimentRead) -> Results:
         from ablab.platform.analytics import service as analytics
 
         assert store is not None
-        result: Mapping[str, Any] = analytics.results(store, exp, settings=state.settings)
-        return result
+        return analytics.results(store, exp, settings=state.settings)
 
     try:
         shipped = ship_variant(

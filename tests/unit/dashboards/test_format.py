@@ -18,7 +18,7 @@ def result() -> dict:
     variants = {"control": VariantEffect(weight=0.5), "fast": VariantEffect(weight=0.5, latency=0.6, cost=0.5)}
     events = synthetic_events(n_requests=4000, n_units=400, variants=variants, experiment="e", seed=3)
     spec = parse_spec(spec_dict(variants, key="e", guardrails=[{"metric": "ttft_ms_p95", "max": 800}]))
-    return analyze_events(events, spec)[0]
+    return analyze_events(events, spec)[0].model_dump(mode="json")
 
 
 @pytest.mark.parametrize(("value", "text"), [(412.4, "412 ms"), (12.34, "12.3 ms"), (15_300, "15.3 s"), (None, "—"), (float("nan"), "—")])

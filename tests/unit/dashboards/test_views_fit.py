@@ -31,7 +31,7 @@ def factorial() -> dict:
                      guardrails=[{"metric": "ttft_ms_p95", "max": 800}, {"metric": "accuracy", "margin": 0.05}])
     events = events.assign(dims=[{"domain": d} if isinstance(d, str) else None for d in events["domain"]],
                            measures=[{"tool_calls": t} if t == t else None for t in events["tool_calls"]])
-    return analyze_events(events, parse_spec(spec))[0]
+    return analyze_events(events, parse_spec(spec))[0].model_dump(mode="json")
 
 
 def test_text_width_estimate_is_never_short_of_the_drawn_width() -> None:

@@ -40,6 +40,7 @@ CHILD = textwrap.dedent("""
     ev = synthetic_events(variants=variants, n_requests=6000, n_units=6000, unit="request", seed=9, label_rate=0.5,
                           experiment="bandit", start=after_start)
     offline, _ = analyze_events(ev, parse_spec(spec_dict(variants, key="bandit", unit="request")))
+    offline = offline.model_dump(mode="json")
     p95 = {r["variant"]: r["estimate"] for r in offline["metrics"] if r["metric"] == "ttft_ms_p95"}
     sla = (max(p95["control"], p95["better"]) + p95["slow"]) / 2
     users = synthetic_events(n_requests=2000, n_units=200, seed=3, experiment="users", start=after_start)
@@ -98,7 +99,7 @@ CHILD = textwrap.dedent("""
         exp = registry.to_read(registry.get_experiment(s, "bandit"))
         users_exp = registry.to_read(registry.get_experiment(s, "users"))
         audit = [a.model_dump(mode="json") for a in registry.audit_log(s, key="bandit")]
-    result = service.results(reads, exp, settings=settings)
+    result = service.results(reads, exp, settings=settings).model_dump(mode="json")
     print(json.dumps({
         "sla": sla, "p95": p95, "first": first, "not_due": not_due, "second": second, "raced": raced,
         "weights": {v.key: v.weight for v in exp.variants}, "phase": exp.phase, "name": exp.name,

@@ -29,6 +29,7 @@ CHILD = textwrap.dedent("""
     ev = synthetic_events(variants=variants, n_requests=6000, n_units=600, seed=5)
     # the SLA sits between the two variants' measured p95 TTFT
     offline, _ = analyze_events(ev, parse_spec(spec_dict(variants)))
+    offline = offline.model_dump(mode="json")
     p95 = {r["variant"]: r["estimate"] for r in offline["metrics"] if r["metric"] == "ttft_ms_p95"}
     sla = (p95["control"] + p95["slow"]) / 2
 

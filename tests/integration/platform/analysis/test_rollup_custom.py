@@ -110,7 +110,7 @@ CHILD = textwrap.dedent("""
     for side, a in (("rollup", agg), ("raw", raw)):  # both key units by a 64-bit hash
         a.units["unit_id"] = np.asarray([names[int(u)] for u in a.units["unit_id"]], dtype=object)
         out[side] = dump(a)
-    out["results"] = res.results(StoreReads(client), spec)
+    out["results"] = res.results(StoreReads(client), spec).model_dump(mode="json")
     # what the rollup cannot give goes to the raw scan
     q = rollup_spec([*ROLLUP_CUSTOM, {"name": "steps_p90", "type": "quantile", "column": "measures.steps", "quantile": 0.9}])
     two = rollup_spec([{"name": "tpp", "type": "ratio", "numerator": "output_tokens", "denominator": "prompt_tokens"}])
@@ -162,6 +162,7 @@ def test_rollup_serves_custom_metrics_and_segments(tmp_path):
                                                    rtol=1e-9, atol=1e-9, err_msg=f"{side} {dim}={value} {variant} {metric}")
 
     want, _ = analyze_events(events, spec)
+    want = want.model_dump(mode="json")
     got = store["results"]
     rows = {(r["metric"], r["variant"]): r for r in got["metrics"]}
     assert set(rows) == {(r["metric"], r["variant"]) for r in want["metrics"]}

@@ -126,8 +126,9 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
                        parameters={"e": spec.key}).result_rows[0][0] == 0
     stats, exposures = _rollup_stats(store, spec)
     from_rollup = analyze(spec=spec, stats=stats, exposures=exposures)
-    from_raw = results_from_raw(StoreReads(store), spec)
+    from_raw = results_from_raw(StoreReads(store), spec).model_dump(mode="json")
     offline, _ = analyze_events(events, spec)
+    offline = offline.model_dump(mode="json")
     assert sum(s.ratios["error_rate"].sum_y for s in stats.values()) == len(inference)  # requests, once each
     assert sum(s.ratios["accuracy"].sum_y for s in stats.values()) == len({r["trace_id"] for r in labels})
     for result in (from_rollup, from_raw):
@@ -147,6 +148,7 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
     assert repaired["slo"] == len({(r["variant"], r["unit_id"]) for r in inference})  # every unit row
     stats3, _ = _rollup_stats(store, looser)
     offline3, _ = analyze_events(events, looser)
+    offline3 = offline3.model_dump(mode="json")
     good = {r["variant"]: r["estimate"] for r in offline3["metrics"] if r["metric"] == "goodput"}
     for variant, vs in stats3.items():
         assert vs.ratios["goodput"].sum_x / vs.ratios["goodput"].sum_y == pytest.approx(good[variant], rel=1e-9)

@@ -128,12 +128,12 @@ CHILD = textwrap.dedent("""
            "types": dict(client.query("SELECT type, count() FROM raw_events FINAL GROUP BY type").result_rows)}
     for j, spec in enumerate(specs):
         rollup.sync(client, spec)
-        out[f"raw{j}"] = res.results_from_raw(StoreReads(client), spec)
-        out[f"live{j}"] = res.results(StoreReads(client), spec)
+        out[f"raw{j}"] = res.results_from_raw(StoreReads(client), spec).model_dump(mode="json")
+        out[f"live{j}"] = res.results(StoreReads(client), spec).model_dump(mode="json")
         out[f"source{j}"] = res.aggregates(StoreReads(client), spec).source
     # an experiment without shadow activity has no shadows key
     plain = parse_spec({**json.load(open(specs_path))[0], "key": "quiet"})
-    out["quiet"] = res.results(StoreReads(client), plain)
+    out["quiet"] = res.results(StoreReads(client), plain).model_dump(mode="json")
     print(json.dumps(out))
 """)
 
@@ -150,6 +150,7 @@ def test_results_equal_analyze_with_shadows_and_a_graded_shadow(tmp_path):
     table = read_events(path)  # what `ablab analyze EVENTS` reads
     for j, data in enumerate((SPEC, SPEC_STARTED)):
         offline, _ = analyze_events(table, parse_spec(data))
+        offline = offline.model_dump(mode="json")
         assert offline["shadows"], "the offline analysis found no shadows"
         for side in (f"raw{j}", f"live{j}"):
             assert_same_results(store[side], offline)  # the shadows rows included
@@ -158,6 +159,7 @@ def test_results_equal_analyze_with_shadows_and_a_graded_shadow(tmp_path):
 
     # coverage, by hand from the events
     offline, _ = analyze_events(table, parse_spec(SPEC))
+    offline = offline.model_dump(mode="json")
     for variant in ("c", "t"):
         mine = [r for r in records if r["type"] == "inference" and r["variant"] == variant]
         primaries = {r["trace_id"]: r for r in mine if not r.get("shadow_of")}

@@ -49,14 +49,15 @@ CHILD = textwrap.dedent("""
     spec = parse_spec(json.load(open(spec_path)))
     backfill_from_raw(client)  # the lookup tables, as migration 0006 does for a store filled before it
     sync_rollup(client, spec)  # the maintenance step: unit_stats computed (results reads never write)
-    out = {"raw": results_from_raw(StoreReads(client), spec), "rollup": results_from_rollup(StoreReads(client), spec)}
+    out = {"raw": results_from_raw(StoreReads(client), spec).model_dump(mode="json"),
+           "rollup": results_from_rollup(StoreReads(client), spec).model_dump(mode="json")}
     # a read never writes: under SLOs the rollup was not computed with, it scans raw_events
     def written():
         return [client.query(f"SELECT count() FROM {t}").result_rows[0][0] for t in ("unit_stats", "rollup_slos")]
     before = written()
     looser = parse_spec({**json.load(open(spec_path)), "slos": {"ttft_ms": 400}})
     out["looser_source"] = aggregates(StoreReads(client), looser).source
-    out["looser"] = results(StoreReads(client), looser)
+    out["looser"] = results(StoreReads(client), looser).model_dump(mode="json")
     out["current_source"] = aggregates(StoreReads(client), spec).source
     out["writes"] = [a - b for a, b in zip(written(), before)]
     print(json.dumps(out))
@@ -76,7 +77,8 @@ def test_store_results_equal_offline_results(tmp_path):
     (tmp_path / "spec.json").write_text(json.dumps(spec_data))
     both = run_child_json(CHILD, str(tmp_path / "chdb"), str(path), str(tmp_path / "spec.json"), timeout=300)
     offline, _ = analyze_events(events, parse_spec(spec_data))
+    offline = offline.model_dump(mode="json")
     for from_store in (both["raw"], both["rollup"]):
         assert_same_results(from_store, offline)
     assert both["writes"] == [0, 0] and both["looser_source"] == "raw" and both["current_source"] == "rollup"
-    assert_same_results(both["looser"], analyze_events(events, parse_spec({**spec_data, "slos": {"ttft_ms": 400}}))[0])
+    assert_same_results(both["looser"], analyze_events(events, parse_spec({**spec_data, "slos": {"ttft_ms": 400}}))[0].model_dump(mode="json"))

@@ -107,7 +107,7 @@ CHILD = textwrap.dedent("""
                                                            for m, r in s.ratios.items()}}
                       for var, s in by_var.items()} for val, by_var in vals.items()} for d, vals in agg.segments.items()}
     hists = {v: {k: h.counts.tolist() for k, h in hs.items()} for v, hs in agg.histograms.items()}
-    print(json.dumps({"units": units, "segments": segs, "histograms": hists, "results": results_from_raw(StoreReads(client), spec)}))
+    print(json.dumps({"units": units, "segments": segs, "histograms": hists, "results": results_from_raw(StoreReads(client), spec).model_dump(mode="json")}))
 """)
 
 
@@ -157,6 +157,7 @@ def test_sql_and_numpy_renderings_agree(tmp_path):
 
     # and the engine's output from both: every metric row (custom ones included) and the breakdown
     want, _ = analyze_events(events, spec)
+    want = want.model_dump(mode="json")
     got = store["results"]
     rows = {(r["metric"], r["variant"]): r for r in got["metrics"]}
     assert set(rows) == {(r["metric"], r["variant"]) for r in want["metrics"]}

@@ -95,4 +95,5 @@ def test_results_carry_graded_shadows_and_equal_analyze(shadow_api) -> None:
     spec = parse_spec({"key": key, "control": "a", "unit": exp["unit"], "start": exp["started_at"],
                        "variants": [{"key": "a", "weight": 1}, {"key": "b", "weight": 1}]})
     offline, _ = analyze_events(frame, spec)
+    offline = offline.model_dump(mode="json")
     assert_same_results(result, offline)

@@ -1,11 +1,11 @@
-"""Shipping a variant (issue 33 item 5) on a real, migrated SQLite registry: the gate reads a
-results document (the engine's decisions), the effect is an audited new phase in which the
+"""Shipping a variant (issue 33 item 5) on a real, migrated SQLite registry: the gate reads the
+engine's results (its decisions), the effect is an audited new phase in which the
 shipped variant takes every unit the experiment assigns, a retry is the same event, and every
 refusal says why and what to do."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -18,6 +18,7 @@ from ablab.platform.errors import Conflict, Invalid, NotFound, Unavailable
 from ablab.platform.registry import service as registry
 from ablab.platform.registry.schemas import ExperimentCreate, ExperimentRead, HoldoutCreate, LayerCreate
 from ablab.platform.registry.ship import ShipRefused, ShipRequest, current_ship, ship_gate
+from ablab.platform.stats.result_models import Results
 
 UnitOfWork = Callable[[], AbstractContextManager[Session]]
 SPACE = 10_000
@@ -25,10 +26,10 @@ UNITS = [f"u{i}" for i in range(2000)]
 
 
 def _result(decision: str = "ship", *, variant: str = "b", reasons: list[str] | None = None,
-            guardrail: str = "pass") -> dict[str, Any]:
-    """A results document as the engine writes it (only the parts the gate reads)."""
-    return {
-        "experiment": "x", "control": "a", "srm": {"p_value": 0.4, "flagged": False},
+            guardrail: str = "pass") -> Results:
+    """Results as the engine builds them (only the parts the gate reads set)."""
+    return Results.model_validate({
+        "experiment": "x", "control": "a", "unit": "user", "alpha": 0.05, "srm": {"p_value": 0.4, "flagged": False},
         "metrics": [
             {"metric": "e2e_ms", "variant": "a", "estimate": 100.0, "n": 500, "abs_diff": None, "p_value": None},
             {"metric": "e2e_ms", "variant": variant, "estimate": 80.0, "n": 500, "abs_diff": -20.0, "rel_diff": -0.2,
@@ -39,16 +40,16 @@ def _result(decision: str = "ship", *, variant: str = "b", reasons: list[str] | 
                         "reason": f"ttft_ms_p95 {guardrail}"}],
         "decisions": [{"variant": variant, "decision": decision,
                        "reasons": reasons or ["e2e_ms better than control: -20% (p_adj = 2e-06)", "all guardrails pass"]}],
-    }
+    })
 
 
-class Results:
-    """The results reader the API passes: a fixed document; counts its calls."""
+class Reader:
+    """The results reader the API passes: fixed results; counts its calls."""
 
-    def __init__(self, document: Mapping[str, Any]) -> None:
+    def __init__(self, document: Results) -> None:
         self.document, self.calls = document, 0
 
-    def __call__(self, exp: ExperimentRead) -> Mapping[str, Any]:
+    def __call__(self, exp: ExperimentRead) -> Results:
         self.calls += 1
         return self.document
 
@@ -63,7 +64,7 @@ def _experiment(uow: UnitOfWork, key: str = "x", *then: str, **extra: Any) -> No
             registry.transition(session, key=key, action=action, actor="ed")
 
 
-def _ship(uow: UnitOfWork, variant: str = "b", results: Callable[[ExperimentRead], Mapping[str, Any]] | None = None,
+def _ship(uow: UnitOfWork, variant: str = "b", results: Callable[[ExperimentRead], Results] | None = None,
           key: str = "x", **request: Any) -> Any:
     with uow() as session:
         return registry.ship_variant(session, key=key, request=ShipRequest(variant=variant, **request), actor="alice",
@@ -96,7 +97,7 @@ def test_a_winner_ships_as_an_audited_new_phase_that_every_unit_follows(unit_of_
     assert set(before) == {"a", "b", "c"} and sum(before.values()) < len(UNITS)  # traffic 0.5
     with unit_of_work() as session:
         revision = registry.registry_revision(session)
-    results = Results(_result())
+    results = Reader(_result())
     shipped = _ship(unit_of_work, results=results)
     assert results.calls == 1 and not shipped.replayed
     exp = shipped.experiment
@@ -118,8 +119,8 @@ def test_a_winner_ships_as_an_audited_new_phase_that_every_unit_follows(unit_of_
 
 def test_a_retry_is_the_same_event(unit_of_work: UnitOfWork) -> None:
     _experiment(unit_of_work)
-    first = _ship(unit_of_work, results=Results(_result()))
-    results = Results(_result("no_ship"))  # results after a ship read against the new weights; a retry never asks
+    first = _ship(unit_of_work, results=Reader(_result()))
+    results = Reader(_result("no_ship"))  # results after a ship read against the new weights; a retry never asks
     again = _ship(unit_of_work, results=results)
     assert again.replayed and again.ship == first.ship and again.experiment.phase == 2 and results.calls == 0
     with unit_of_work() as session:
@@ -135,7 +136,7 @@ def test_no_win_or_harm_is_refused_with_the_decision_and_what_to_do(unit_of_work
     _experiment(unit_of_work)
     reasons = ["guardrail breached: ttft_ms_p95 fail"] if decision == "no_ship" else ["e2e_ms: no significant difference yet"]
     with pytest.raises(ShipRefused) as refused:
-        _ship(unit_of_work, results=Results(_result(decision, reasons=reasons, guardrail="fail")))
+        _ship(unit_of_work, results=Reader(_result(decision, reasons=reasons, guardrail="fail")))
     exc = refused.value
     assert exc.status_code == 409 and exc.field == "variant" and exc.decision == decision and exc.reasons == reasons
     assert says in exc.message and reasons[0] in exc.message and "force: true with a reason" in exc.message
@@ -148,7 +149,7 @@ def test_a_forced_ship_needs_a_reason_and_is_audited_as_forced(unit_of_work: Uni
     _experiment(unit_of_work)
     with pytest.raises(ValidationError, match="needs a reason"):
         ShipRequest(variant="c", force=True, reason="  ")
-    shipped = _ship(unit_of_work, "c", Results(_result("keep_running", variant="c")), force=True, reason="launch deadline")
+    shipped = _ship(unit_of_work, "c", Reader(_result("keep_running", variant="c")), force=True, reason="launch deadline")
     assert shipped.ship.forced and shipped.ship.reason == "launch deadline" and shipped.ship.decision == "keep_running"
     assert _assigned(unit_of_work) == {"c": len(UNITS)}
     with unit_of_work() as session:
@@ -159,7 +160,7 @@ def test_a_forced_ship_needs_a_reason_and_is_audited_as_forced(unit_of_work: Uni
 def test_the_control_and_a_store_less_api_need_force(unit_of_work: UnitOfWork) -> None:
     _experiment(unit_of_work)
     with pytest.raises(ShipRefused, match="is the control"):
-        _ship(unit_of_work, "a", Results(_result()))
+        _ship(unit_of_work, "a", Reader(_result()))
     with pytest.raises(ShipRefused, match="no analytics store") as refused:
         _ship(unit_of_work, "b", None)
     assert refused.value.field == "analytics"
@@ -169,7 +170,7 @@ def test_the_control_and_a_store_less_api_need_force(unit_of_work: UnitOfWork) -
 
 def test_a_paused_experiment_ships_and_serves_again(unit_of_work: UnitOfWork) -> None:
     _experiment(unit_of_work, "x", "start", "pause")
-    shipped = _ship(unit_of_work, results=Results(_result()))
+    shipped = _ship(unit_of_work, results=Reader(_result()))
     assert shipped.experiment.status.value == "running" and _assigned(unit_of_work) == {"b": len(UNITS)}
 
 
@@ -184,14 +185,14 @@ def test_stopped_and_draft_experiments_are_refused(unit_of_work: UnitOfWork, the
         with unit_of_work() as session:
             registry.transition(session, key="x", action=action, actor="ed")
     with pytest.raises(Conflict, match=says) as refused:
-        _ship(unit_of_work, results=Results(_result()), force=True, reason="even forced")
+        _ship(unit_of_work, results=Reader(_result()), force=True, reason="even forced")
     assert refused.value.field == "status"
 
 
 def test_results_that_cannot_be_read_hold_a_ship_back_unless_forced(unit_of_work: UnitOfWork) -> None:
     _experiment(unit_of_work)
 
-    def broken(exp: ExperimentRead) -> Mapping[str, Any]:
+    def broken(exp: ExperimentRead) -> Results:
         raise Invalid(f"experiment '{exp.key}' cannot be analyzed: metrics.primary: unknown metric", field="metrics")
 
     with pytest.raises(Unavailable, match="could not be read .experiment 'x' cannot be analyzed") as refused:
@@ -204,11 +205,11 @@ def test_results_that_cannot_be_read_hold_a_ship_back_unless_forced(unit_of_work
 def test_paused_and_unknown_variants(unit_of_work: UnitOfWork) -> None:
     _experiment(unit_of_work)
     with pytest.raises(NotFound, match="has no variant 'z'"):
-        _ship(unit_of_work, "z", Results(_result()))
+        _ship(unit_of_work, "z", Reader(_result()))
     with unit_of_work() as session:
         registry.pause_variant(session, key="x", variant="b", reason="guardrail ttft", actor="guardian")
     with pytest.raises(ShipRefused, match="paused .guardrail ttft.*resume it first"):
-        _ship(unit_of_work, "b", Results(_result()), force=True, reason="anyway")
+        _ship(unit_of_work, "b", Reader(_result()), force=True, reason="anyway")
 
 
 def test_layer_range_and_holdout_stay(unit_of_work: UnitOfWork) -> None:
@@ -218,7 +219,7 @@ def test_layer_range_and_holdout_stay(unit_of_work: UnitOfWork) -> None:
     _experiment(unit_of_work, "x", layer="ranking", layer_share=0.5, holdout="global")
     _experiment(unit_of_work, "y", layer="ranking")  # the rest of the layer
     neighbour = _assigned(unit_of_work, "y")
-    _ship(unit_of_work, results=Results(_result()))
+    _ship(unit_of_work, results=Reader(_result()))
     shipped = _assigned(unit_of_work, "x")
     assert set(shipped) == {"b"} and 0.4 * len(UNITS) < shipped["b"] < 0.5 * len(UNITS)  # half the layer, less the holdout
     assert _assigned(unit_of_work, "y") == neighbour  # the neighbour keeps its units
@@ -229,7 +230,7 @@ def test_layer_range_and_holdout_stay(unit_of_work: UnitOfWork) -> None:
 
 def test_a_later_phase_ends_the_ship(unit_of_work: UnitOfWork) -> None:
     _experiment(unit_of_work)
-    _ship(unit_of_work, results=Results(_result()))
+    _ship(unit_of_work, results=Reader(_result()))
     with unit_of_work() as session:
         registry.resume_variant(session, key="x", variant="b", actor="ed")  # nothing to resume: no change
         registry.transition(session, key="x", action="pause", actor="ed")

@@ -34,6 +34,7 @@ def spec():
 
 def test_analysis_json_has_the_contract_shape(events, spec):
     result, _ = analyze_events(events, spec)
+    result = result.model_dump(mode="json")
     assert result["experiment"] == "exp" and result["control"] == "control"
     assert set(result["srm"]) >= {"p_value", "flagged"}
     assert CONTRACT_METRICS <= {r["metric"] for r in result["metrics"]}
@@ -49,6 +50,7 @@ def test_analysis_json_has_the_contract_shape(events, spec):
 
 def test_request_level_means_equal_raw_means(events, spec):
     result, _ = analyze_events(events, spec)
+    result = result.model_dump(mode="json")
     inf = events[events["type"] == "inference"]
     for row in (r for r in result["metrics"] if r["metric"] == "e2e_ms"):
         raw = inf.loc[inf["variant"] == row["variant"], "e2e_ms"]
@@ -150,7 +152,7 @@ def test_cli_analyze_json_csv_and_table(tmp_path):
     assert table.exit_code == 0 and "decisions" in table.stdout
     # JSONL and Parquet give the same answer
     pq = write_events(pd.read_json(path, lines=True), tmp_path / "ev.parquet")
-    assert analyze_events(read_events(pq), parse_spec(yaml.safe_load(cfg.read_text())))[0]["metrics"][1]["estimate"] == pytest.approx(data["metrics"][1]["estimate"], rel=1e-9)
+    assert analyze_events(read_events(pq), parse_spec(yaml.safe_load(cfg.read_text())))[0].model_dump(mode="json")["metrics"][1]["estimate"] == pytest.approx(data["metrics"][1]["estimate"], rel=1e-9)
 
 
 def test_cli_rejects_bad_config_naming_the_field(tmp_path):
@@ -181,8 +183,8 @@ def test_user_randomized_uses_clustered_variance():
     # strong per-user effects: the delta-method CI must be wider than the naive request-level one
     ev = synthetic_events(n_requests=30_000, n_units=300, seed=5, user_sd=0.8)
     spec = parse_spec(spec_dict())
-    user = analyze_events(ev, spec)[0]
-    req = analyze_events(ev.assign(unit_id=ev["trace_id"]), spec)[0]
+    user = analyze_events(ev, spec)[0].model_dump(mode="json")
+    req = analyze_events(ev.assign(unit_id=ev["trace_id"]), spec)[0].model_dump(mode="json")
     width = lambda res: np.diff([r["abs_ci"] for r in res["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control"][0])[0]
     assert width(user) > 2 * width(req)
 
@@ -196,8 +198,8 @@ def test_guardrail_breach_flags_pause_and_no_ship():
     result, _ = analyze_events(ev, spec)
     breaches = guardrail_breaches(result)
     assert [b["variant"] for b in breaches] == ["slow"] and "SLA" in breaches[0]["reason"]
-    decision = result["decisions"][0]
-    assert decision["decision"] == "no_ship" and any("guardrail breached" in r for r in decision["reasons"])
+    decision = result.decisions[0]
+    assert decision.decision == "no_ship" and any("guardrail breached" in r for r in decision.reasons)
 
 
 def test_srm_flags_and_blocks_shipping():
@@ -205,9 +207,11 @@ def test_srm_flags_and_blocks_shipping():
     ev = synthetic_events(n_requests=20_000, n_units=4_000, variants=variants, seed=2)
     skewed = {"key": "exp", "control": "control", "variants": [{"key": "control", "weight": 0.6}, {"key": "fast", "weight": 0.4}]}
     result, _ = analyze_events(ev, parse_spec(skewed))
+    result = result.model_dump(mode="json")
     assert result["srm"]["flagged"] is True
     assert result["decisions"][0]["decision"] == "no_ship"
     fine, _ = analyze_events(ev, parse_spec(spec_dict(variants)))
+    fine = fine.model_dump(mode="json")
     assert fine["srm"]["flagged"] is False and fine["decisions"][0]["decision"] == "ship"
 
 
@@ -215,7 +219,7 @@ def test_cuped_from_pre_period_events_narrows_the_interval():
     ev = synthetic_events(n_requests=20_000, n_units=2_000, seed=4, pre_period_requests=40_000, user_sd=0.6)
     with_pre = parse_spec(spec_dict(start="2026-12-01T00:00:00Z"))
     without = parse_spec(spec_dict(start="2026-12-01T00:00:00Z", analysis={"cuped": False}))
-    a, b = analyze_events(ev, with_pre)[0], analyze_events(ev, without)[0]
+    a, b = analyze_events(ev, with_pre)[0].model_dump(mode="json"), analyze_events(ev, without)[0].model_dump(mode="json")
     row = lambda res: next(r for r in res["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control")
     assert row(a)["method"].startswith("cuped") and row(b)["method"].startswith("delta")
     assert (row(a)["abs_ci"][1] - row(a)["abs_ci"][0]) < 0.8 * (row(b)["abs_ci"][1] - row(b)["abs_ci"][0])
@@ -251,10 +255,14 @@ def test_parquet_dictionary_ids_equal_plain_strings(tmp_path, spec):
     assert table["unit_id"].num_chunks > 1
     plain = pq.read_table(path, columns=table.column_names)
     want, _ = analyze_events(plain, spec)
+    want = want.model_dump(mode="json")
     got, _ = analyze_events(table, spec)
+    got = got.model_dump(mode="json")
     assert json.dumps(got, sort_keys=True, default=str) == json.dumps(want, sort_keys=True, default=str)
     # drop one unit's rows but keep its dictionary entry: the fallback path re-encodes
     keep = pa.compute.not_equal(pa.compute.cast(table["unit_id"], pa.string()), plain["unit_id"][0])
     got_f, _ = analyze_events(table.filter(keep), spec)
+    got_f = got_f.model_dump(mode="json")
     want_f, _ = analyze_events(plain.filter(keep), spec)
+    want_f = want_f.model_dump(mode="json")
     assert json.dumps(got_f, sort_keys=True, default=str) == json.dumps(want_f, sort_keys=True, default=str)

@@ -152,6 +152,7 @@ def _by_hand(ev: pd.DataFrame, variant: str, column: str, *, success_only: bool)
 def test_analyze_pairs_each_shadow_with_its_primary_and_equals_scipy():
     ev = _events()
     result, _ = analyze_events(ev, parse_spec(SPEC))
+    result = result.model_dump(mode="json")
     rows = {(r["variant"], r["metric"]): r for r in result["shadows"]}
     assert Results.model_validate(result).shadows[0].coverage.requests == 200  # the typed model reads them
     names = [m.name for m in shadow_metrics(parse_spec(SPEC))]
@@ -197,6 +198,7 @@ def test_analyze_pairs_each_shadow_with_its_primary_and_equals_scipy():
     # the shadows' own labels are not orphan feedback; the variants' numbers ignore the shadows
     assert result["data_quality"]["orphan_feedback"] == 0
     plain, _ = analyze_events(ev[ev["shadow_of"].isna() & ~ev["trace_id"].str.startswith("s")], parse_spec(SPEC))
+    plain = plain.model_dump(mode="json")
     assert [(r["metric"], r["variant"], r["estimate"]) for r in result["metrics"]] == \
         [(r["metric"], r["variant"], r["estimate"]) for r in plain["metrics"]]
 
@@ -217,6 +219,7 @@ def test_a_graded_shadow_shows_as_the_shadows_accuracy():
         rows.append({"type": "feedback", "trace_id": f"s{i}", "ts": t0 + pd.Timedelta(minutes=5), "correct": 1.0,
                      "source": "human"})
     result, _ = analyze_events(pd.DataFrame(rows), parse_spec({**SPEC, "metrics": None}))
+    result = result.model_dump(mode="json")
     acc = next(r for r in result["shadows"] if r["metric"] == "accuracy")
     assert (acc["n_pairs"], acc["primary_mean"], acc["shadow_mean"]) == (6, 0.0, pytest.approx(4 / 6))
     assert acc["mean_diff"] == pytest.approx(4 / 6)
@@ -229,10 +232,12 @@ def test_shadows_appear_only_with_shadow_activity_and_count_drops_and_orphans():
     req = {**BASE, "variant": "c", "unit_id": "u", "ts": t0, "e2e_ms": 100.0, "ttft_ms": 10.0, "cost_usd": 0.0}
     spec = parse_spec({"key": "x", "control": "c", "variants": [{"key": "c"}, {"key": "t"}]})
     none, _ = analyze_events(pd.DataFrame([{**req, "trace_id": "a"}]), spec)
+    none = none.model_dump(mode="json")
     assert "shadows" not in none
     dropped, _ = analyze_events(pd.DataFrame([{**req, "trace_id": "a", "shadow": "dropped"},
                                               {**req, "trace_id": "b"},
                                               {**req, "trace_id": "o", "shadow_of": "gone"}]), spec)
+    dropped = dropped.model_dump(mode="json")
     assert {r["variant"] for r in dropped["shadows"]} == {"c"}  # t had no shadow activity
     assert dropped["shadows"][0]["coverage"] == {"requests": 2, "chosen": 1, "sent": 0, "dropped": 1, "shadowed": 0,
                                                  "failed": 0, "orphaned": 1}
@@ -248,6 +253,7 @@ def test_a_shadow_is_validated_as_any_request():
                        {**req, "trace_id": "s2", "shadow_of": "a", "variant": "nope"},
                        {**req, "trace_id": "s3", "shadow_of": "a", "ttft_ms": 500.0}])
     result, _ = analyze_events(ev, spec)
+    result = result.model_dump(mode="json")
     assert result["data_quality"]["rejected"] == {"negative_latency": 1, "unknown_variant": 1, "ttft_exceeds_e2e": 1}
     assert result["shadows"][0]["coverage"]["shadowed"] == 0
 
@@ -258,6 +264,7 @@ def test_terminal_table_shows_the_shadows():
     from ablab.platform.stats.render import rich_tables
 
     result, _ = analyze_events(_events(n=60), parse_spec(SPEC))
+    result = result.model_dump(mode="json")
     console = Console(width=240, record=True)
     for table in rich_tables(result):
         console.print(table)

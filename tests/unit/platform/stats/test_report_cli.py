@@ -14,7 +14,7 @@ from ablab.platform.stats.synthetic import spec_dict, synthetic_events
 
 @pytest.fixture
 def results_server():
-    body = json.dumps(analyze_events(synthetic_events(n_requests=3_000, n_units=300, seed=1), parse_spec(spec_dict()))[0]).encode()
+    body = json.dumps(analyze_events(synthetic_events(n_requests=3_000, n_units=300, seed=1), parse_spec(spec_dict()))[0].model_dump(mode="json")).encode()
     seen = []
 
     class Handler(BaseHTTPRequestHandler):

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from ablab.cli._common import console, fail
+
+if TYPE_CHECKING:
+    from ablab.platform.gateway.settings import GatewaySettings
 
 TOKEN_ENV = "ABLAB_SDK_TOKEN"
 
@@ -27,12 +31,12 @@ def gateway(
                                 help="Gateway processes sharing the port (SO_REUSEPORT); one forwarder ships every "
                                      "worker's outbox (OUTBOX/worker-<i>). One per core the gateway may use."),
 ) -> None:
-    """Serve /v1/chat/completions, /v1/completions and /v1/models in front of your backends,
-    assigning each unit (X-Ablab-Unit header, else the body's `user`) to its variant."""
+    """Serve /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses and /v1/models
+    in front of your backends, assigning each unit (X-Ablab-Unit header, else the body's `user`)
+    to its variant."""
     import uvicorn
 
     from ablab.platform.config import get_settings
-    from ablab.platform.gateway.app import create_app
     from ablab.platform.gateway.settings import METRICS_TOKEN_ENV, GatewayConfigError, load_settings
 
     base = get_settings()
@@ -58,8 +62,24 @@ def gateway(
         from ablab.platform.gateway.relay_workers import run
 
         console.print(f"{workers} workers; outboxes under {settings.outbox_dir}/worker-<i>, one forwarder")
-        run(settings, workers=workers, host=host, port=port, log_level=base.log_level)
+        run(settings, workers=workers, host=host, port=port, factory=gateway_app, log_level=base.log_level)
         return
+    app, sdk = gateway_app(settings, ship=True)
+    try:
+        from ablab.platform.gateway.limits import uvicorn_options  # head/body deadlines, header bounds, connection cap
+
+        uvicorn.run(app, host=host, port=port, log_level=base.log_level.lower(), access_log=False, loop="uvloop",
+                    **uvicorn_options())
+    finally:
+        if sdk is not None:
+            sdk.close()
+
+
+def gateway_app(settings: GatewaySettings, *, ship: bool) -> tuple[Any, Any]:
+    """One process's gateway app, wired to the optional parts this install has: the in-repo
+    model's token scorer for entropy compression (when torch is installed) and the assignment
+    client (when there is an SDK token). Returns the app and the client to close at exit."""
+    from ablab.platform.gateway.app import create_app
     from ablab.platform.gateway.rewrite import torch_available
 
     compress = None
@@ -73,14 +93,7 @@ def gateway(
         if not sdk.wait_ready(10.0):
             console.print(f"[yellow]the assignment config is not loaded yet[/] (API at {settings.api_url}); units get "
                           "the default backend until it is")
-    try:
-        from ablab.platform.gateway.limits import uvicorn_options  # head/body deadlines, header bounds, connection cap
-
-        uvicorn.run(create_app(settings, sdk=sdk, compress=compress), host=host, port=port,
-                    log_level=base.log_level.lower(), access_log=False, loop="uvloop", **uvicorn_options())
-    finally:
-        if sdk is not None:
-            sdk.close()
+    return create_app(settings, sdk=sdk, ship=ship, compress=compress), sdk
 
 
 def register(app: typer.Typer) -> None:

@@ -25,11 +25,25 @@ import time
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ablab.platform.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
+
+
+class Closeable(Protocol):
+    def close(self) -> None: ...
+
+
+class AppFactory(Protocol):
+    """Builds one process's gateway app and what it must close at exit (its assignment client).
+
+    The CLI passes its own (``ablab.cli.gateway.gateway_app``): the wiring of optional parts
+    (the in-repo compressor, the SDK) belongs to the edge, and a spawned worker needs a
+    module-level function to import."""
+
+    def __call__(self, settings: GatewaySettings, *, ship: bool) -> tuple[Any, Closeable | None]: ...
 RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0)
 
 
@@ -49,31 +63,22 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_worker(index: int, settings: GatewaySettings, host: str, port: int, log_level: str, parent: int) -> None:
+def serve_worker(index: int, settings: GatewaySettings, host: str, port: int, log_level: str, parent: int,
+                 factory: AppFactory) -> None:
     """One worker process: its socket, its assignment client, its outbox; until SIGTERM or
-    until its parent is gone (a worker never outlives the supervisor)."""
+    until its parent is gone (a worker never outlives the supervisor). It never ships its
+    outbox: the supervisor's one forwarder does."""
     import uvicorn
 
-    from ablab.platform.gateway.app import create_app
-    from ablab.platform.gateway.rewrite import torch_available
+    from ablab.platform.gateway.limits import uvicorn_options
 
     logging.basicConfig(level=log_level.upper(), format=f"%(asctime)s worker-{index} %(levelname)s %(name)s: %(message)s")
     if settings.outbox_dir is not None:
         settings = replace(settings, outbox_dir=worker_outbox(settings.outbox_dir, index))
-    compress: Any = None
-    if torch_available():
-        from ablab.inference.compression import compress
-    sdk = None
-    if settings.token:
-        from ablab.platform.sdk import AblabClient
-
-        sdk = AblabClient(settings.api_url, settings.token, refresh_s=settings.refresh_s)
-        sdk.wait_ready(10.0)
+    app, sdk = factory(settings, ship=False)
     sock = reuseport_socket(host, port)
-    from ablab.platform.gateway.limits import uvicorn_options
-
-    server = uvicorn.Server(uvicorn.Config(create_app(settings, sdk=sdk, ship=False, compress=compress), loop="uvloop",
-                                           log_level=log_level.lower(), access_log=False, **uvicorn_options()))
+    server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", log_level=log_level.lower(), access_log=False,
+                                           **uvicorn_options()))
 
     def orphaned() -> None:
         while os.getppid() == parent:
@@ -91,9 +96,10 @@ def serve_worker(index: int, settings: GatewaySettings, host: str, port: int, lo
 class Supervisor:
     """Starts ``workers`` gateway processes, restarts any that die, and runs the forwarder."""
 
-    def __init__(self, settings: GatewaySettings, *, workers: int, host: str, port: int, log_level: str = "info",
-                 ship: bool = True) -> None:
+    def __init__(self, settings: GatewaySettings, *, workers: int, host: str, port: int, factory: AppFactory,
+                 log_level: str = "info", ship: bool = True) -> None:
         self.settings, self.workers, self.host, self.port, self.log_level = settings, workers, host, port, log_level
+        self.factory = factory
         self._ctx = multiprocessing.get_context("spawn")
         self.procs: dict[int, BaseProcess] = {}
         self.restarts = 0
@@ -106,7 +112,7 @@ class Supervisor:
 
     def _spawn(self, index: int) -> None:
         proc = self._ctx.Process(target=serve_worker, name=f"ablab-gateway-worker-{index}", daemon=False,
-                                 args=(index, self.settings, self.host, self.port, self.log_level, os.getpid()))
+                                 args=(index, self.settings, self.host, self.port, self.log_level, os.getpid(), self.factory))
         proc.start()
         self.procs[index] = proc
 
@@ -146,9 +152,10 @@ class Supervisor:
             self.shipper.close()
 
 
-def run(settings: GatewaySettings, *, workers: int, host: str, port: int, log_level: str = "info") -> None:
+def run(settings: GatewaySettings, *, workers: int, host: str, port: int, factory: AppFactory,
+        log_level: str = "info") -> None:
     """Serve until SIGTERM/SIGINT (the CLI's entry point for ``--workers N`` > 1)."""
-    sup = Supervisor(settings, workers=workers, host=host, port=port, log_level=log_level)
+    sup = Supervisor(settings, workers=workers, host=host, port=port, factory=factory, log_level=log_level)
 
     def stop(*_: object) -> None:
         sup._stopping.set()

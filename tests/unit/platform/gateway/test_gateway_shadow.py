@@ -165,21 +165,20 @@ def test_a_failing_shadow_never_touches_the_primary(backend: ScriptedBackend, tm
 
 
 def test_a_full_cap_drops_never_queues_and_a_hung_shadow_times_out(backend: ScriptedBackend, tmp_path: Path) -> None:
-    with shadowed_gateway(backend.url, tmp_path, shadow({"model": "hang"}, cap=2, timeout_s=1.0)) as gw:
-        t0 = time.perf_counter()
+    # The shadows hang until their 5 s timeout. Had a primary waited for its shadow, the
+    # slots would be free again by the third request (sent, not dropped) and none in flight.
+    with shadowed_gateway(backend.url, tmp_path, shadow({"model": "hang"}, cap=2, timeout_s=5.0)) as gw:
         responses = [chat(gw, f"u{i}") for i in range(6)]
-        took = time.perf_counter() - t0
         assert all(r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == ANSWER for r in responses)
-        assert took < 1.0  # the primaries never waited for the hung shadows (each hangs 1 s)
         primaries, _ = inference(gw)
         by_trace = [primaries[r.headers["x-ablab-trace-id"]]["shadow"] for r in responses]
         assert by_trace == ["sent", "sent", "dropped", "dropped", "dropped", "dropped"]
         assert metric(gw, "ablab_gateway_shadows_total", experiment="exp", result="dropped") == 4
         assert metric(gw, "ablab_gateway_shadow_inflight", experiment="exp") == 2
-        wait_for(lambda: len(inference(gw)[1]) == 2, timeout=5)
+        wait_for(lambda: len(inference(gw)[1]) == 2, timeout=30)
         _, shadows = inference(gw)
         for s in shadows.values():
-            assert s["error"] == "shadow_timeout" and 950 <= s["e2e_ms"] < 2500 and s["output_tokens"] == 0
+            assert s["error"] == "shadow_timeout" and s["e2e_ms"] >= 4950 and s["output_tokens"] == 0
         assert metric(gw, "ablab_gateway_shadow_failures_total", experiment="exp", reason="shadow_timeout") == 2
         # the slots came back: the next chosen request is sent again
         wait_for(lambda: metric(gw, "ablab_gateway_shadow_inflight", experiment="exp") == 0)

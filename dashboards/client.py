@@ -159,17 +159,20 @@ class ApiClient:
         return self._json("POST", "/v1/factors", json=body)
 
     # -- results --------------------------------------------------------------------------
-    # Parsed into the API's own response models (ablab.platform.analytics.schemas): typed
-    # attributes, and the JSON's mapping access (``.get``, ``[...]``) for the views.
-    def results(self, key: str) -> Results:
-        return Results.model_validate(self._json("GET", f"/v1/experiments/{segment(key)}/results"))
+    # Checked against the API's own response models (ablab.platform.analytics.schemas), so a
+    # response that is not the contract's shape fails here, not deep in a view; the views get
+    # the JSON back (plain dicts, what every chart and table reads).
+    def _shaped(self, model: type[Results | Timeseries | Attribution], path: str, **kw: Any) -> dict[str, Any]:
+        return model.model_validate(self._json("GET", path, **kw)).model_dump(mode="json")
 
-    def timeseries(self, key: str, *, metric: str) -> Timeseries:
-        return Timeseries.model_validate(
-            self._json("GET", f"/v1/experiments/{segment(key)}/timeseries", params={"metric": metric}))
+    def results(self, key: str) -> dict[str, Any]:
+        return self._shaped(Results, f"/v1/experiments/{segment(key)}/results")
 
-    def attribution(self, key: str) -> Attribution:
-        return Attribution.model_validate(self._json("GET", f"/v1/experiments/{segment(key)}/attribution"))
+    def timeseries(self, key: str, *, metric: str) -> dict[str, Any]:
+        return self._shaped(Timeseries, f"/v1/experiments/{segment(key)}/timeseries", params={"metric": metric})
+
+    def attribution(self, key: str) -> dict[str, Any]:
+        return self._shaped(Attribution, f"/v1/experiments/{segment(key)}/attribution")
 
 
 def _problem(response: httpx.Response) -> ApiError:

@@ -24,8 +24,8 @@ SHADOW_VERDICTS = {"better": "🟢 shadow better", "worse": "🔴 shadow worse",
 
 
 def _get(row: Any, name: str, default: Any = None) -> Any:
-    """A field of a JSON row or of its typed model (both answer ``get``)."""
-    value = row.get(name, default) if hasattr(row, "get") else default
+    """A field of a JSON row; null (or no row) reads as ``default``."""
+    value = row.get(name) if isinstance(row, Mapping) else None
     return default if value is None else value
 
 

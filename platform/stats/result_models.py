@@ -3,7 +3,7 @@
 The engine builds these objects (:func:`ablab.platform.stats.engine.analyze_results`); the
 API publishes them in OpenAPI (re-exported by :mod:`ablab.platform.analytics.schemas`),
 ``ablab analyze --json`` and the results route write their JSON, and the dashboard client
-parses responses into them. A value the statistics cannot give (too little data, NaN) is
+checks responses against them. Plain models, read by attribute: a mapping is their JSON. A value the statistics cannot give (too little data, NaN) is
 null; numpy numbers become Python ones.
 
 Closed: a field the engine does not declare here is refused (``extra="forbid"``), so the
@@ -55,34 +55,7 @@ def _nulls() -> list[Number]:
 
 
 class _Shape(BaseModel):
-    # Closed. The read-only mapping methods (get, [], in, keys, items) answer as the JSON
-    # object would, for the dashboard's views, which index rows by name.
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    def get(self, name: str, default: Any = None) -> Any:
-        """``dict.get`` over fields (and a Pareto point's objectives)."""
-        value = getattr(self, name, None)
-        if value is None and self.model_extra and name in self.model_extra:
-            value = self.model_extra[name]
-        return default if value is None else value
-
-    def __getitem__(self, name: str) -> Any:
-        if name in type(self).model_fields or (self.model_extra and name in self.model_extra):
-            return getattr(self, name)
-        raise KeyError(name)
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (name in type(self).model_fields or bool(self.model_extra and name in self.model_extra))
-
-    def keys(self) -> list[str]:
-        """The JSON object's keys (fields, then extras); with ``__getitem__``, ``dict(shape)`` works."""
-        return [*type(self).model_fields, *(self.model_extra or {})]
-
-    def items(self) -> list[tuple[str, Any]]:
-        return [(k, getattr(self, k)) for k in self.keys()]
-
-    def values(self) -> list[Any]:
-        return [getattr(self, k) for k in self.keys()]
 
 
 # ---------------------------------------------------------------- results

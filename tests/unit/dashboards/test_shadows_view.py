@@ -1,5 +1,6 @@
 """The shadows section's pure formatting (issue 34): the paired table (Δ, CI, p-values,
-verdict), the coverage table and its warnings, from the JSON and from the typed results."""
+verdict), the coverage table and its warnings, from the JSON as written and as the client
+hands it on after checking it against the model."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ RESULT = {
 }
 
 
-@pytest.mark.parametrize("result", [RESULT, Results.model_validate(RESULT)], ids=["json", "typed"])
+@pytest.mark.parametrize("result", [RESULT, Results.model_validate(RESULT).model_dump(mode="json")], ids=["json", "checked"])
 def test_paired_table_shows_delta_interval_p_values_and_verdict(result):
     table = paired_table(result)
     assert list(table.columns) == ["Variant", "Metric", "Pairs", "Primary", "Shadow", "Δ shadow − primary", "95% CI",

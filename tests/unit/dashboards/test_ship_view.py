@@ -26,7 +26,7 @@ SHIPPED = {"variant": "b", "phase": 2, "previous_phase": 1, "actor": "alice", "a
            "forced": False, "reason": "", "decision": "ship", "reasons": []}
 
 
-@pytest.mark.parametrize("result", [RESULT, Results.model_validate(RESULT)], ids=["json", "typed"])
+@pytest.mark.parametrize("result", [RESULT, Results.model_validate(RESULT).model_dump(mode="json")], ids=["json", "checked"])
 def test_only_a_ship_decision_is_ready(result: Any) -> None:
     assert shippable(result) == ["b"]
     assert shippable({"decisions": []}) == []

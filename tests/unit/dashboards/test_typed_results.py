@@ -1,5 +1,7 @@
-"""The dashboard client parses results into the API's typed models; every table and chart
-the views build from them is the same as from the JSON they came from."""
+"""The dashboard client checks results, time series and attribution against the API's models
+and hands the views the JSON: the same document the API served (a round trip through the
+model changes nothing), so every table and chart is the one the JSON gives; a response that
+is not the contract's shape is refused at the client."""
 
 from __future__ import annotations
 
@@ -7,11 +9,12 @@ import httpx
 import numpy as np
 import pandas as pd
 import pytest
+from pydantic import ValidationError
 
 from ablab.dashboards import charts
 from ablab.dashboards import format as fmt
 from ablab.dashboards.client import ApiClient
-from ablab.platform.analytics.schemas import Attribution, MetricRow, Results, Timeseries
+from ablab.platform.analytics.schemas import Results, Timeseries
 from ablab.platform.stats.aggregates import OPTIONAL_COLUMNS, variant_stats_from_units
 from ablab.platform.stats.attribution import attribute
 from ablab.platform.stats.engine import analyze, json_ready
@@ -56,36 +59,37 @@ def _served(payload: dict) -> ApiClient:
     return ApiClient("http://api.test", "t", transport=httpx.MockTransport(handler))
 
 
-def test_the_client_returns_typed_results(result) -> None:
-    typed = _served(result).results("f")
-    assert isinstance(typed, Results) and all(isinstance(r, MetricRow) for r in typed.metrics)
-    assert typed.control == "c00" and typed.rows("e2e_ms")[1].p_value == result["metrics"][
-        [i for i, r in enumerate(result["metrics"]) if r["metric"] == "e2e_ms"][1]]["p_value"]
-
-
-def test_tables_from_typed_results_equal_those_from_json(result) -> None:
-    typed = _served(result).results("f")
-    pd.testing.assert_frame_equal(fmt.results_table(typed), fmt.results_table(result))
-    assert fmt.results_csv(typed) == fmt.results_csv(result)
-    pd.testing.assert_frame_equal(fmt.guardrail_table(typed), fmt.guardrail_table(result))
+def test_the_client_hands_on_the_json_it_checked(result) -> None:
+    got = _served(result).results("f")
+    assert type(got) is dict and got == Results.model_validate(result).model_dump(mode="json")
+    assert got == json_ready(result)  # the served document, unchanged by the check
+    assert fmt.results_csv(got) == fmt.results_csv(result)
+    pd.testing.assert_frame_equal(fmt.guardrail_table(got), fmt.guardrail_table(result))
     metrics = ("e2e_ms", "ttft_ms", "e2e_ms_p95")
-    assert charts.estimates_chart(typed, metrics).to_dict() == charts.estimates_chart(result, metrics).to_dict()
-    assert dict(typed.srm) == {k: v for k, v in dict(typed.srm).items()} and typed["srm"]["p_value"] == result["srm"]["p_value"]
+    assert charts.estimates_chart(got, metrics).to_dict() == charts.estimates_chart(result, metrics).to_dict()
 
 
-def test_charts_from_typed_attribution_and_series_equal_those_from_json(attribution) -> None:
-    typed = _served(attribution).attribution("f")
-    assert isinstance(typed, Attribution)
-    pd.testing.assert_frame_equal(charts.pareto_frame(typed), charts.pareto_frame(attribution))
+def test_a_response_off_the_contract_is_refused(result) -> None:
+    with pytest.raises(ValidationError, match="extra"):
+        _served({**result, "surprise": 1}).results("f")
+    row = {**result["metrics"][0], "p_value": "low"}
+    with pytest.raises(ValidationError):
+        _served({**result, "metrics": [row]}).results("f")
+
+
+def test_attribution_and_series_come_back_as_served(attribution) -> None:
+    got = _served(attribution).attribution("f")
+    assert type(got) is dict and got == attribution
+    pd.testing.assert_frame_equal(charts.pareto_frame(got), charts.pareto_frame(attribution))
     shapley = attribution["factorial"]["e2e_ms"]["shapley"]
     assert shapley and shapley["shares"]
-    pd.testing.assert_frame_equal(charts.waterfall_frame(typed["factorial"]["e2e_ms"]["shapley"]), charts.waterfall_frame(shapley))
+    pd.testing.assert_frame_equal(charts.waterfall_frame(got["factorial"]["e2e_ms"]["shapley"]), charts.waterfall_frame(shapley))
 
     series = json_ready({"experiment": "f", "metric": "accuracy", "window_s": 10, "series": [{"variant": "a", "points": [
         {"ts": "2026-12-01T00:00:00", "late": 0, "n": 10, "value": 0.8, "ci": [0.7, 0.9],
          "cumulative": {"n": 10, "value": 0.8, "ci": [0.7, 0.9]}}]}]})
-    typed_series = _served(series).timeseries("f", metric="accuracy")
-    assert isinstance(typed_series, Timeseries)
+    got_series = _served(series).timeseries("f", metric="accuracy")
+    assert got_series == Timeseries.model_validate(series).model_dump(mode="json")
     for cumulative in (True, False):
-        pd.testing.assert_frame_equal(charts.timeseries_frame(typed_series, cumulative=cumulative),
+        pd.testing.assert_frame_equal(charts.timeseries_frame(got_series, cumulative=cumulative),
                                       charts.timeseries_frame(series, cumulative=cumulative))

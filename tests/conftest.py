@@ -11,14 +11,15 @@ from ablab_testing import ApiServer, fresh_postgres_database, start_api, stop_ap
 __all__ = ["ApiServer", "fresh_postgres_database", "start_api", "stop_api"]
 
 
-# Parallel runs (`scripts/test` passes `-n 2 --dist loadgroup`): every test is in the xdist
-# group of the stack it shares, so each stack starts once, on one worker. A module's
-# module-scoped stack makes the module the group; a folder whose modules share a
-# session-scoped stack (the seeded dashboard API) is one group. Each worker has its own
-# session fixtures (a Kafka broker each), temp dirs (`basetemp/gw<N>`) and free ports
-# (`server_ports`, picked at random below the ephemeral range).
+# Parallel runs (`scripts/test` passes `-n 2 --dist loadscope`): each test runs on the worker
+# that holds the stack it shares, so each stack starts once. A module's module-scoped stack
+# makes the module the unit of scheduling (xdist's loadscope); a folder whose modules share a
+# session-scoped stack (the seeded dashboard API) is one unit. Each worker has its own session
+# fixtures (a Kafka broker each), temp dirs (`basetemp/popen-gwN`) and free ports
+# (`server_ports`, picked at random below the ephemeral range). (Not `xdist_group` marks:
+# xdist 3.8's loadgroup renames `item._nodeid`, which pytest 9 no longer reports.)
 SHARED_STACK_FOLDERS = ("tests/integration/dashboards/",)
-# Groups that run longest (`--durations` on 2 cores) go first, so both workers finish
+# Units that run longest (`--durations` on 2 cores) go first, so both workers finish
 # together instead of one starting a long module at the end; the rest keep their order.
 LONGEST_FIRST = (
     "tests/integration/stack/test_up_demo.py",
@@ -31,20 +32,27 @@ LONGEST_FIRST = (
 
 
 def stack_group(nodeid: str) -> str:
+    """The scheduling unit of a test: its module, or the shared-stack folder it is in."""
     module = nodeid.split("::", 1)[0]
     return next((folder for folder in SHARED_STACK_FOLDERS if module.startswith(folder)), module)
 
 
-def pytest_itemcollected(item: pytest.Item) -> None:
-    # during collection, so the mark is there when xdist reads the groups
-    if not any(item.iter_markers("xdist_group")):
-        item.add_marker(pytest.mark.xdist_group(stack_group(item.nodeid)))
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    if config.getvalue("dist") != "loadscope":
+        return None  # xdist's own choice
+    from xdist.scheduler import LoadScopeScheduling
+
+    class StackScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return stack_group(nodeid)
+
+    return StackScheduling(config, log)
 
 
 @pytest.hookimpl(trylast=True)  # after pytest has ordered the items by their fixtures
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    # a stable sort: a group's tests keep pytest's order among themselves
+    # a stable sort: a unit's tests keep pytest's order among themselves
     items.sort(key=lambda item: rank.get(stack_group(item.nodeid), len(rank)))
 
 

@@ -2,8 +2,9 @@
 
 Entry points (the API and the CLI call these; everything else is their machinery):
 
-- :func:`engine.analyze` — per-variant statistics → the CONTRACTS "Analysis output" JSON;
-- :func:`attribution.attribute` — Pareto frontier, factor effects, Shapley shares;
+- :func:`engine.analyze_results` — per-variant statistics → the CONTRACTS "Analysis output"
+  (:class:`.result_models.Results`; the edges write its ``model_dump(mode="json")``);
+- :func:`attribution.attribution_results` — Pareto frontier, factor effects, Shapley shares;
 - :func:`timeseries.timeseries` — 10 s window rows → per-variant series;
 - :func:`decisions.guardrail_breaches` — which variants to pause, and why;
 - :func:`allocator.thompson_weights` — SLA-constrained Thompson sampling weights;

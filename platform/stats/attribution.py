@@ -260,18 +260,3 @@ def attribution_results(
         factors={v: {f: levels[v].get(f) for f in varying_factors(levels)} for v in levels},
         factorial={name: Factorial.model_validate(f) for name, f in factorial.items()},
     )
-
-
-def attribute(
-    *,
-    spec: ExperimentSpec,
-    stats: Mapping[str, VariantStats],
-    levels: Mapping[str, Mapping[str, Any]] | None = None,
-    metrics: Sequence[str] | None = None,
-    factor_defaults: Mapping[str, Any] | None = None,
-    objectives: Mapping[str, str] | Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """:func:`attribution_results` as its JSON object, for the edges that pass dicts on."""
-    return attribution_results(
-        spec=spec, stats=stats, levels=levels, metrics=metrics, factor_defaults=factor_defaults, objectives=objectives,
-    ).model_dump(mode="json")

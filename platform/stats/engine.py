@@ -49,7 +49,7 @@ from .segments import segment_breakdown
 from .spec import ExperimentSpec
 from .sufficient import CupedStats, ProportionStats, RatioStats, SampleStats
 
-__all__ = ["analyze", "analyze_results", "arm_estimate", "compare_metric", "empty_variant", "json_ready"]
+__all__ = ["analyze_results", "arm_estimate", "compare_metric", "empty_variant", "json_ready"]
 
 AnyMetric = MetricDef | CustomMetric
 
@@ -303,19 +303,3 @@ def analyze_results(
         shadows=[ShadowRow.model_validate(r) for r in shadow_rows(spec, shadows)] if shadows is not None and shadows.active else None,
         **dict(extra or {}),
     )
-
-
-def analyze(
-    *,
-    spec: ExperimentSpec,
-    stats: Mapping[str, VariantStats],
-    exposures: Mapping[str, float] | None = None,
-    extra: Mapping[str, Any] | None = None,
-    segments: Mapping[str, Mapping[str, Mapping[str, VariantStats]]] | None = None,
-    shadows: ShadowPairs | None = None,
-) -> dict[str, Any]:
-    """:func:`analyze_results` as its JSON object (what the results route and ``ablab analyze
-    --json`` write), for callers at that edge."""
-    return analyze_results(
-        spec=spec, stats=stats, exposures=exposures, extra=extra, segments=segments, shadows=shadows
-    ).model_dump(mode="json")

@@ -3,8 +3,9 @@
 The engine builds these objects (:func:`ablab.platform.stats.engine.analyze_results`); the
 API publishes them in OpenAPI (re-exported by :mod:`ablab.platform.analytics.schemas`),
 ``ablab analyze --json`` and the results route write their JSON, and the dashboard client
-checks responses against them. Plain models, read by attribute: a mapping is their JSON. A value the statistics cannot give (too little data, NaN) is
-null; numpy numbers become Python ones.
+checks responses against them. Plain models, read by attribute: their JSON is the mapping.
+A value the statistics cannot give (too little data, NaN) is null; numpy numbers become
+Python ones.
 
 Closed: a field the engine does not declare here is refused (``extra="forbid"``), so the
 shapes and the JSON cannot drift apart. The one open object is a Pareto point, whose
@@ -46,7 +47,7 @@ def json_ready(value: Any) -> Any:
 Number = Annotated[int | float | None, BeforeValidator(_finite)]  # an int stays an int (counts)
 Interval = list[Number]  # [low, high]; [null, null] where undefined
 Json = Annotated[dict[str, Any], BeforeValidator(json_ready)]
-# Keys left out of the JSON when null (shadows, data_quality, a segment row's se).
+# Keys left out of the JSON when null (shadows, data_quality).
 _ABSENT_WHEN_NONE: dict[str, Any] = {"exclude_if": lambda value: value is None}
 
 

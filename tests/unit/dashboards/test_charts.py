@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ablab.dashboards import charts
-from ablab.platform.stats.attribution import attribute
+from ablab.platform.stats.attribution import attribution_results
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
@@ -17,7 +17,7 @@ def attribution() -> dict:
     events = synthetic_events(n_requests=6000, n_units=600, variants=FACTORIAL_VARIANTS, experiment="f", seed=5)
     spec = parse_spec(spec_dict(FACTORIAL_VARIANTS, key="f"))
     _, agg = analyze_events(events, spec)
-    return attribute(spec=spec, stats=agg.stats)
+    return attribution_results(spec=spec, stats=agg.stats).model_dump(mode="json")
 
 
 def test_pareto_frame_and_chart(attribution):

@@ -130,7 +130,7 @@ def test_the_sections_render_real_engine_output() -> None:
 
     from ablab.platform.stats.aggregates import variant_stats_from_units
     from ablab.platform.stats.custom_metric import custom_columns
-    from ablab.platform.stats.engine import analyze
+    from ablab.platform.stats.engine import analyze_results
     from ablab.platform.stats.metrics import UNIT_COLUMNS
     from ablab.platform.stats.spec import parse_spec
 
@@ -156,7 +156,7 @@ def test_the_sections_render_real_engine_output() -> None:
     segments = {"dims.domain": {v: variant_stats_from_units(units(400, lift), custom=spec.custom)
                                 for v, lift in {"code": 0.2, "chat": 0.0, "math": 0.0}.items()}}
     stats = variant_stats_from_units(units(1200, 0.05), custom=spec.custom)
-    result = analyze(spec=spec, stats=stats, segments=segments)
+    result = analyze_results(spec=spec, stats=stats, segments=segments).model_dump(mode="json")
 
     cuped = fmt.cuped_table(result)
     assert len(cuped) == 1 and cuped.iloc[0]["Covariate"] == "pre_period"

@@ -16,8 +16,8 @@ from ablab.dashboards import format as fmt
 from ablab.dashboards.client import ApiClient
 from ablab.platform.analytics.schemas import Results, Timeseries
 from ablab.platform.stats.aggregates import OPTIONAL_COLUMNS, variant_stats_from_units
-from ablab.platform.stats.attribution import attribute
-from ablab.platform.stats.engine import analyze, json_ready
+from ablab.platform.stats.attribution import attribution_results
+from ablab.platform.stats.engine import analyze_results, json_ready
 from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.spec import parse_spec
 
@@ -44,12 +44,12 @@ def stats() -> dict:
 
 @pytest.fixture(scope="module")
 def result(stats) -> dict:
-    return analyze(spec=SPEC, stats=stats)
+    return analyze_results(spec=SPEC, stats=stats).model_dump(mode="json")
 
 
 @pytest.fixture(scope="module")
 def attribution(stats) -> dict:
-    return attribute(spec=SPEC, stats=stats, levels=CELLS)
+    return attribution_results(spec=SPEC, stats=stats, levels=CELLS).model_dump(mode="json")
 
 
 def _served(payload: dict) -> ApiClient:

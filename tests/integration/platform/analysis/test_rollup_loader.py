@@ -14,7 +14,7 @@ import pytest
 
 from ablab.platform.analytics.results import aggregates_from_rollup, results_from_raw
 from ablab.platform.events import Rejection, validate_event
-from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.engine import analyze_results
 from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import spec_dict, synthetic_events
@@ -125,7 +125,7 @@ def test_loader_fed_rollup_equals_raw_scan_and_offline_after_kill_replay_and_lat
     assert store.query("SELECT count() FROM unit_segment_stats WHERE experiment = {e:String}",
                        parameters={"e": spec.key}).result_rows[0][0] == 0
     stats, exposures = _rollup_stats(store, spec)
-    from_rollup = analyze(spec=spec, stats=stats, exposures=exposures)
+    from_rollup = analyze_results(spec=spec, stats=stats, exposures=exposures).model_dump(mode="json")
     from_raw = results_from_raw(StoreReads(store), spec).model_dump(mode="json")
     offline, _ = analyze_events(events, spec)
     offline = offline.model_dump(mode="json")

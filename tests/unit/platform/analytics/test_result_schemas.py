@@ -11,8 +11,8 @@ from pydantic import ValidationError
 
 from ablab.platform.analytics.schemas import Attribution, MetricRow, Results, Timeseries
 from ablab.platform.stats.aggregates import OPTIONAL_COLUMNS, variant_stats_from_units
-from ablab.platform.stats.attribution import attribute
-from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.attribution import attribution_results
+from ablab.platform.stats.engine import analyze_results
 from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.timeseries import timeseries
@@ -52,7 +52,7 @@ def _same(model_dump: object, built: object) -> None:
 
 
 def test_results_read_the_engine_output_and_keep_every_value() -> None:
-    built = analyze(spec=SPEC, stats=_stats())
+    built = analyze_results(spec=SPEC, stats=_stats()).model_dump(mode="json")
     results = Results.model_validate(built)
     assert results.experiment == "exp" and results.control == "a"
     assert {r.metric for r in results.metrics} >= {"e2e_ms", "error_rate", "accuracy"}
@@ -64,7 +64,7 @@ def test_results_read_the_engine_output_and_keep_every_value() -> None:
 
 
 def test_results_accept_the_analysis_additions() -> None:
-    built = analyze(spec=SPEC, stats=_stats())
+    built = analyze_results(spec=SPEC, stats=_stats()).model_dump(mode="json")
     row = next(r for r in built["metrics"] if r["variant"] == "b")
     row.update(custom=True, type="ratio", aggregation="unit_mean",
                cuped={"covariate": "pre_period", "theta": 0.4, "variance_reduction": 0.3,
@@ -108,7 +108,7 @@ def test_timeseries_and_attribution_shapes() -> None:
     assert series.window_s == 10 and len(series.series) == 2 and series.series[0].points[-1].cumulative is not None
     _same(series.model_dump(mode="json"), built)
 
-    built = attribute(spec=SPEC, stats=_stats())
+    built = attribution_results(spec=SPEC, stats=_stats()).model_dump(mode="json")
     attribution = Attribution.model_validate(built)
     assert {p.variant for p in attribution.pareto.points} == {"a", "b"}
     assert (attribution.pareto.points[0].model_extra or {}).get("e2e_ms") is not None  # the objectives ride as extra fields
@@ -146,7 +146,7 @@ def test_the_engine_output_with_custom_metrics_validates_without_extras() -> Non
             for role, column in custom_columns(m).items():
                 frame[column].append(np.asarray(values[m.name][role], dtype=float))
     units = {"variant": np.array(variants), **{k: np.concatenate(v) for k, v in frame.items()}}
-    built = analyze(spec=spec, stats=variant_stats_from_units(units, custom=spec.custom))
+    built = analyze_results(spec=spec, stats=variant_stats_from_units(units, custom=spec.custom)).model_dump(mode="json")
     results = Results.model_validate(built)
     treated = next(r for r in results.rows("per_user") if r.variant == "big")
     assert treated.custom and treated.aggregation == "unit_mean" and treated.cuped is not None and treated.power is not None

@@ -4,7 +4,7 @@ import math
 import numpy as np
 import pytest
 
-from ablab.platform.stats.attribution import attribute, factorial_analysis, pareto_frontier
+from ablab.platform.stats.attribution import attribution_results, factorial_analysis, pareto_frontier
 from ablab.platform.stats.offline import aggregate_events
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
@@ -80,7 +80,7 @@ def test_attribute_on_events_from_strategies():
     }
     ev = synthetic_events(n_requests=40_000, n_units=4_000, variants=variants, seed=1)
     spec = parse_spec(spec_dict(variants))
-    out = attribute(spec=spec, stats=aggregate_events(ev, spec).stats)
+    out = attribution_results(spec=spec, stats=aggregate_events(ev, spec).stats).model_dump(mode="json")
     assert out["factors"]["both"] == {"precision": "int8", "sparse_ffn_k": 32}
     e2e = out["factorial"]["e2e_ms"]
     assert e2e["shapley"]["best_variant"] == "both"

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from ablab.platform.stats.aggregates import variant_stats_from_units
-from ablab.platform.stats.attribution import attribute
+from ablab.platform.stats.attribution import attribution_results
 from ablab.platform.stats.custom_metric import custom_columns
-from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.engine import analyze_results
 from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.render import flat_rows, rich_tables
 from ablab.platform.stats.spec import parse_spec
@@ -61,7 +61,7 @@ def _units(rng, spec, n=2000, judge_lift=0.1):
 
 def test_custom_primary_metric_decides_and_custom_guardrail_evaluates():
     spec = parse_spec(SPEC)
-    out = analyze(spec=spec, stats=_units(np.random.default_rng(1), spec))
+    out = analyze_results(spec=spec, stats=_units(np.random.default_rng(1), spec)).model_dump(mode="json")
     rows = {(r["metric"], r["variant"]): r for r in out["metrics"]}
     assert {"judge_score", "e2e_per_user", "cost_per_1k_out", "ttft_p90", "tool_calls", "e2e_ms"} <= {m for m, _ in rows}
     judge = rows[("judge_score", "big")]
@@ -78,7 +78,7 @@ def test_custom_primary_metric_decides_and_custom_guardrail_evaluates():
     [g] = out["guardrails"]
     assert g["metric"] == "cost_per_1k_out" and g["status"] == "pass"  # +10 % cost within a 50 % margin
     strict = parse_spec({**SPEC, "guardrails": [{"metric": "cost_per_1k_out", "margin": 0.01, "relative": True}]})
-    out = analyze(spec=strict, stats=_units(np.random.default_rng(1), strict))
+    out = analyze_results(spec=strict, stats=_units(np.random.default_rng(1), strict)).model_dump(mode="json")
     assert out["guardrails"][0]["status"] == "fail" and out["decisions"][0]["decision"] == "no_ship"
     assert any(r["metric"] == "judge_score" for r in flat_rows(out))
     assert len(rich_tables(out)) >= 3
@@ -88,7 +88,7 @@ def test_custom_metrics_in_attribution_and_the_pareto_frontier():
     spec = parse_spec(SPEC)
     stats = _units(np.random.default_rng(2), spec)
     levels = {"control": {"model": "small"}, "big": {"model": "large"}}
-    out = attribute(spec=spec, stats=stats, levels=levels, objectives=["judge_score", "cost_per_1k_out"])
+    out = attribution_results(spec=spec, stats=stats, levels=levels, objectives=["judge_score", "cost_per_1k_out"]).model_dump(mode="json")
     assert out["pareto"]["objectives"] == {"judge_score": "max", "cost_per_1k_out": "min"}
     points = {p["variant"]: p for p in out["pareto"]["points"]}
     assert points["big"]["judge_score"] > points["control"]["judge_score"]
@@ -104,7 +104,7 @@ def test_power_uses_the_cuped_adjusted_variance():
     stats = _units(np.random.default_rng(4), spec)
 
     def needed(s):
-        out = analyze(spec=s, stats=stats)
+        out = analyze_results(spec=s, stats=stats).model_dump(mode="json")
         return next(r for r in out["metrics"] if r["metric"] == "e2e_per_user" and r["variant"] == "big")
 
     adjusted, unadjusted = needed(spec), needed(plain)

@@ -19,7 +19,7 @@ from scipy import stats as sps
 
 from ablab.platform.stats.aggregates import variant_stats_from_units
 from ablab.platform.stats.custom_metric import custom_columns
-from ablab.platform.stats.engine import analyze, compare_metric
+from ablab.platform.stats.engine import analyze_results, compare_metric
 from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.spec import parse_spec
 from ablab.platform.stats.sufficient import HistogramStats
@@ -203,7 +203,7 @@ def test_unit_level_cuped_matches_gbstats_regression_adjustment(rng, aggregation
     assert c.variance_reduction > (0.3 if aggregation == "unit_mean" else 0.05)
 
     # the engine reports all of it, and the unadjusted comparison beside
-    out = analyze(spec=spec, stats=vs)
+    out = analyze_results(spec=spec, stats=vs).model_dump(mode="json")
     row = next(r for r in out["metrics"] if r["metric"] == "m" and r["variant"] == "treat")
     assert row["cuped"]["covariate"] == covariate
     assert row["cuped"]["theta"] == pytest.approx(a.theta, abs=TOL)
@@ -234,7 +234,7 @@ def test_quantile_from_the_histogram_within_the_sketch_accuracy(rng):
         data[v] = {"ttft_p90": {"x": [a.sum() for a in vals], "y": reqs, "sq": [(a * a).sum() for a in vals]}}
         hists[v] = {"ttft_p90": HistogramStats.from_values(raw[v])}
     vs = _stats(spec, data, histograms=hists)
-    out = analyze(spec=spec, stats=vs)
+    out = analyze_results(spec=spec, stats=vs).model_dump(mode="json")
     for v in N:
         row = next(r for r in out["metrics"] if r["metric"] == "ttft_p90" and r["variant"] == v)
         exact = np.quantile(raw[v], 0.9, method="inverted_cdf")

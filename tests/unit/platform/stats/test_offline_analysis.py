@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from ablab.platform.analytics.event_files import read_events, write_events
 from ablab.platform.stats.aggregates import variant_stats_from_units
-from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.engine import analyze_results
 from ablab.platform.stats.offline import aggregate_events, analyze_events
 from ablab.platform.stats.spec import SpecError, parse_spec
 from ablab.platform.stats.synthetic import VariantEffect, spec_dict, synthetic_events
@@ -236,7 +236,7 @@ def test_engine_accepts_plain_per_unit_arrays():
     }
     spec = parse_spec({"key": "k", "control": "c", "unit": "request", "variants": [{"key": "c"}, {"key": "t"}],
                        "metrics": ["e2e_ms"], "analysis": {"sequential": False}})
-    result = analyze(spec=spec, stats=variant_stats_from_units(units))
+    result = analyze_results(spec=spec, stats=variant_stats_from_units(units)).model_dump(mode="json")
     row = result["metrics"][1]
     assert row["method"] == "welch" and row["abs_diff"] == pytest.approx(-10.0)
 

@@ -8,7 +8,7 @@ from scipy import stats as sps
 
 from ablab.platform.stats.aggregates import VariantStats, variant_stats_from_units
 from ablab.platform.stats.custom_metric import custom_columns
-from ablab.platform.stats.engine import analyze
+from ablab.platform.stats.engine import analyze_results
 from ablab.platform.stats.metrics import UNIT_COLUMNS
 from ablab.platform.stats.segments import cochran_q, segment_breakdown
 from ablab.platform.stats.spec import parse_spec
@@ -67,12 +67,12 @@ def test_planted_heterogeneous_effect_is_flagged():
     [dim] = segment_breakdown(spec, per_segment)
     assert not dim["heterogeneity"][0]["flagged"]
 
-    # analyze() carries the breakdown; without segments the list is empty
+    # analyze_results carries the breakdown; without segments the list is empty
     stats = _segment_units(rng, spec, 800, 10.0, 0.0)
-    out = analyze(spec=spec, stats=stats, segments=per_segment)
+    out = analyze_results(spec=spec, stats=stats, segments=per_segment).model_dump(mode="json")
     assert out["segments"][0]["dimension"] == "dims.domain" and len(out["segments"][0]["rows"]) == 10
     assert all("se" in r for r in out["segments"][0]["rows"])  # in the JSON, null for the control
-    assert analyze(spec=spec, stats=stats)["segments"] == []
+    assert analyze_results(spec=spec, stats=stats).model_dump(mode="json")["segments"] == []
 
 
 @pytest.mark.parametrize("correction", ["holm"])

@@ -2,8 +2,9 @@
 
 Accepts the body of ``POST /v1/experiments`` (``key, control, variants: [{key, weight,
 strategy}], unit, metrics?, guardrails?``) plus analysis options. Plain dataclasses; an
-experiment-defined metric is validated by its pydantic model (:mod:`.custom_metric`, the one
-the registry validates request bodies with). Errors name the offending field.
+experiment-defined metric is its pydantic model (:mod:`.custom_metric`, the one the registry
+validates request bodies with), which the engine reads as it is. Errors name the offending
+field.
 
 Guardrails::
 

@@ -42,6 +42,26 @@ def test_direction_forms():
     assert not one(column="e2e_ms", direction="higher").lower_is_better
     with pytest.raises(SpecError, match=r"metrics.custom\[0\].direction: contradicts"):
         one(column="e2e_ms", direction="higher", lower_is_better=True)
+    # resolved on the model the engine reads; the stored form is still what its author wrote
+    resolved = one(column="e2e_ms", direction="higher")
+    assert resolved.lower_is_better is False and resolved.stored() == {"name": "m", "type": "mean", "column": "e2e_ms",
+                                                                      "direction": "higher"}
+
+
+def test_every_type_answers_the_engines_questions_alike():
+    """What a type does not have reads as the neutral value, so the engine asks any custom
+    metric the same questions; the sources a metric reads include a named covariate."""
+    s = parse_spec(SHAPES_EXAMPLE)
+    surface = {m.name: (m.kind, m.column, m.numerator, m.denominator, m.scale, m.quantile, m.covariate, m.sources)
+               for m in s.custom}
+    assert surface["cost_per_1k_out"] == ("ratio", None, "cost_usd", "output_tokens", 1000.0, None, None,
+                                          ("cost_usd", "output_tokens"))
+    assert surface["ttft_p90"] == ("quantile", "ttft_ms", None, None, 1.0, 0.9, None, ("ttft_ms",))
+    assert surface["e2e_per_user"][6:] == ("pre_period", ("e2e_ms",))  # pre_period reads no other source
+    named = parse_spec({**BASE, "metrics": {"custom": [
+        {"name": "m", "type": "proportion", "column": "error", "cuped": {"covariate": "prompt_tokens"}}]}}).custom[0]
+    assert (named.kind, named.numerator, named.quantile, named.covariate) == ("proportion", None, None, "prompt_tokens")
+    assert named.sources == ("error", "prompt_tokens")
 
 
 def test_custom_names_usable_in_guardrails_and_report():

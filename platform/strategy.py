@@ -351,6 +351,17 @@ class OpenStrategy(Strategy):
     def _declared_form(cls, data: Any) -> Any:
         if not isinstance(data, Mapping):
             return data
+        if "policy" in data:
+            # a policy strategy (docs/policies.md): per request it picks one of its arms, each an
+            # ordinary strategy, so it holds nothing else; the registry validates the policy
+            # itself (ablab.platform.policy.parse_policy), which needs the factor catalog and
+            # the experiment's custom metrics this model does not have
+            if not isinstance(data["policy"], Mapping):
+                raise ValueError(f"policy: expected a mapping (kind, arms, ...), got {type(data['policy']).__name__}")
+            others = sorted(str(k) for k in data if k not in ("policy", "schema_version"))
+            if others:
+                raise ValueError(f"a policy strategy holds only `policy`; put {', '.join(others)} in each arm")
+            return {**data, "policy": json.loads(json.dumps(data["policy"]))}
         extra = [k for k in data if k not in cls.model_fields]
         if len(extra) > MAX_DECLARED:
             raise ValueError(f"at most {MAX_DECLARED} declared factors per strategy, got {len(extra)}")
@@ -400,13 +411,21 @@ class OpenStrategy(Strategy):
         together, and the dashboard edits it as one JSON object)."""
         data = self.model_dump(mode="json")
         whole = {name: data[name] for name in PROMPT_STRATEGY_FACTORS if name in data}
+        if "policy" in data:  # a policy is one factor: its arms act together
+            whole["policy"] = data["policy"]
         flat = {k: v for k, v in super().factors().items() if k.split(".", 1)[0] not in whole}
         flat.update(whole)
         return flat
 
     def declared(self) -> dict[str, Any]:
-        """The declared factors this strategy sets."""
-        return dict(self.__pydantic_extra__ or {})
+        """The declared factors this strategy sets (a ``policy`` is not one)."""
+        return {k: v for k, v in (self.__pydantic_extra__ or {}).items() if k != "policy"}
+
+    @property
+    def policy(self) -> dict[str, Any] | None:
+        """The policy mapping of a policy strategy (docs/policies.md), else None."""
+        value = (self.__pydantic_extra__ or {}).get("policy")
+        return value if isinstance(value, dict) else None
 
 
 def open_strategy(strategy: Mapping[str, Any] | None, *, factors: FactorChecker | None = None) -> OpenStrategy:

@@ -156,10 +156,19 @@ def list_experiments(
     return list(items), total
 
 
+def _custom_metrics(exp: Experiment, data: ExperimentUpdate) -> dict[str, Any]:
+    """The custom metrics an update leaves the experiment with (a policy's objective may name one)."""
+    if data.metrics is not None:
+        return {m.name: m for m in data.metrics.custom}
+    from ablab.platform.stats.spec import validate_custom  # the spec's own reading of stored metrics
+
+    return {m.name: m for m in validate_custom((exp.metrics or {}).get("custom") or [])}
+
+
 def create_experiment(session: Session, *, data: ExperimentCreate, actor: str, bucket_space: int) -> Experiment:
     if session.scalar(select(Experiment.id).where(Experiment.key == data.key)) is not None:
         raise Conflict(f"experiment '{data.key}' already exists", field="key")
-    check_strategies(session, data.variants, shadow=data.shadow)
+    check_strategies(session, data.variants, shadow=data.shadow, custom={m.name: m for m in data.metrics.custom})
     layer = holdout = None
     lo = hi = None
     if data.layer is not None:
@@ -224,7 +233,7 @@ def update_experiment(
         raise Invalid("the update changes nothing; send at least one field", field="body")
 
     control = data.control if data.control is not None else exp.control
-    check_strategies(session, data.variants, shadow=data.shadow)
+    check_strategies(session, data.variants, shadow=data.shadow, custom=_custom_metrics(exp, data))
     if data.variants is not None:
         current = [(v.key, v.weight, v.strategy_hash) for v in exp.variants]
         proposed = [(v.key, v.weight, v.strategy.content_hash) for v in data.variants]

@@ -5,13 +5,15 @@ Services flush; the caller's transaction commits (``registry.db.transaction``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from ablab.platform.errors import Conflict, Invalid, NotFound
+from ablab.platform.policy.spec import error_field, parse_policy
 from ablab.platform.registry.factors.catalog import FactorCatalog, FactorDef, sets_factor
 from ablab.platform.registry.factors.models import DeclaredFactor
 from ablab.platform.registry.factors.schemas import FactorCreate, FactorRead, FactorUpdate
@@ -152,8 +154,14 @@ def delete_factor(session: Session, *, name: str, actor: str) -> None:
     _audit(session, actor=actor, action="delete", name=name, before=before, after=None)
 
 
-def check_strategies(session: Session, variants: Sequence[Any] | None, *, shadow: Any = None) -> None:
+def check_strategies(session: Session, variants: Sequence[Any] | None, *, shadow: Any = None,
+                     custom: Mapping[str, Any] | None = None) -> None:
     """Refuse a write whose strategies set an undeclared factor or a level not allowed.
+
+    A policy strategy (``{policy: {...}}``, docs/policies.md) is validated whole by
+    ``parse_policy`` with the catalog (each arm is a strategy) and ``custom`` (the
+    experiment's custom metrics, name → metric, for the objective); the error names the
+    policy's field (``variants.1.strategy.policy.arms.fast``).
 
     ``variants`` are ``VariantIn``; the error names the variant's field (``variants.1.strategy.engine``).
     Shadow strategies (the experiment's ``shadow``, a ``ShadowIn``, and each variant's) are
@@ -173,6 +181,13 @@ def check_strategies(session: Session, variants: Sequence[Any] | None, *, shadow
     rows = session.scalars(select(DeclaredFactor).with_for_update(read=True))
     factors = FactorCatalog(_definition(r) for r in rows)
     for where, strategy in checks:
+        if strategy.policy is not None:
+            try:
+                parse_policy(strategy.policy, factors=factors, custom=custom)
+            except ValidationError as exc:
+                field, message = error_field(exc, f"{where}.policy.")
+                raise Invalid(f"{field}: {message}", field=field) from None
+            continue
         problems = factors.problems(strategy)
         if problems:
             field = f"{where}.{problems[0][0]}"

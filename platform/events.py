@@ -253,13 +253,26 @@ class _Joined(_EventBase):
     unit_id: Identifier | None = None
 
 
-class ExposureEvent(_Assigned):
+class _PolicyChoice(BaseModel):
+    """What a policy variant chose for the request (docs/policies.md): its arm, the exact
+    probability it had, and the model version that gave it, so off-policy evaluation can
+    re-weigh the request. Absent on a fixed variant's events (a fixed variant may still log
+    ``propensity``: its weight share)."""
+
+    arm: MeasureName | None = Field(default=None, description="The policy's arm that served the request.")
+    propensity: Annotated[float, Field(gt=0.0, le=1.0)] | None = Field(
+        default=None, description="Probability of this arm (policy) or of this variant (weight share), in (0, 1].")
+    policy_version: Identifier | None = Field(
+        default=None, description="The policy model version that decided (uniform:<hash>, rule:<hash> or a model's).")
+
+
+class ExposureEvent(_PolicyChoice, _Assigned):
     """The unit was assigned to ``variant`` and served by it."""
 
     type: Literal["exposure"]
 
 
-class InferenceEvent(_Assigned):
+class InferenceEvent(_PolicyChoice, _Assigned):
     """Worker-side measurement of one request (metric definitions: docs/architecture.md)."""
 
     type: Literal["inference"]

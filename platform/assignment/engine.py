@@ -119,6 +119,9 @@ class AssignmentConfig:
     holdouts: Mapping[str, HoldoutSpec] = field(default_factory=dict)
     bucket_space: int = DEFAULT_BUCKET_SPACE
     revision: str = ""
+    # (experiment, variant) → the current model JSON of a policy variant (docs/policies.md);
+    # absent: none fitted yet, the policy explores uniformly. Not used by assignment itself.
+    policy_models: Mapping[tuple[str, str], Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.bucket_space < DEFAULT_BUCKET_SPACE:

@@ -6,6 +6,7 @@ The API builds its own assignment cache through this same function, so the SDK a
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -54,6 +55,15 @@ class ExperimentPayload(_Payload):
     variants: list[VariantPayload]
 
 
+class PolicyModelPayload(_Payload):
+    """A policy variant's current model (``ablab.platform.policy.model.PolicyModel.to_json``)."""
+
+    experiment: str
+    variant: str
+    version: str
+    model: dict[str, Any]
+
+
 class SdkConfig(_Payload):
     """The published shape of the payload (the API serves the dict as built, unvalidated)."""
 
@@ -62,6 +72,17 @@ class SdkConfig(_Payload):
     layers: list[LayerPayload]
     holdouts: list[HoldoutPayload]
     experiments: list[ExperimentPayload]
+    policy_models: list[PolicyModelPayload] = []
+
+
+def config_revision(payload: dict[str, Any]) -> str:
+    """The registry's revision, plus the policy models' versions when there are any: a refit
+    model is a new config (the gateway's plan caches are keyed by it)."""
+    models = payload.get("policy_models") or []
+    if not models:
+        return str(payload["revision"])
+    versions = ",".join(sorted(f"{m['experiment']}/{m['variant']}={m['version']}" for m in models))
+    return f"{payload['revision']}+{hashlib.sha256(versions.encode()).hexdigest()[:12]}"
 
 
 def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
@@ -93,5 +114,6 @@ def config_from_payload(payload: dict[str, Any]) -> AssignmentConfig:
         layers={layer["key"]: LayerSpec(layer["key"], layer["salt"]) for layer in payload["layers"]},
         holdouts={h["key"]: HoldoutSpec(h["key"], h["salt"], h["fraction"]) for h in payload["holdouts"]},
         bucket_space=payload["bucket_space"],
-        revision=str(payload["revision"]),
+        revision=config_revision(payload),
+        policy_models={(m["experiment"], m["variant"]): m["model"] for m in payload.get("policy_models") or []},
     )

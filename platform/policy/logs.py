@@ -14,7 +14,8 @@ Rules:
   weight share of the configured variants; a policy variant's request: the variant's share ×
   the event's ``propensity`` (a policy request without ``arm`` or ``propensity`` is left out
   and counted);
-- features: ``prompt_tokens`` (the event's field), ``max_tokens`` (a ``max_tokens`` column or
+- features: ``prompt_tokens`` (``measures.policy_prompt_tokens``, the count the decision saw,
+  else the event's field), ``max_tokens`` (a ``max_tokens`` column or
   ``measures.max_tokens``), ``attr.<name>`` (``dims.<name>``);
 - the randomization unit: ``unit_id`` (``trace_id`` for a request-randomized experiment).
 """
@@ -186,8 +187,10 @@ def requests_from_table(table: pa.Table, spec: ExperimentSpec, *, features: Sequ
 
     feats: dict[str, Any] = {}
     for f in features:
-        if f == "prompt_tokens":
-            feats[f] = _num(table, "prompt_tokens")[keep]
+        if f == "prompt_tokens":  # the count the decision saw (serve.py), else the backend's
+            direct = _num(table, "prompt_tokens")[keep]
+            seen = _num(table, "measures.policy_prompt_tokens")[keep]
+            feats[f] = np.where(np.isfinite(seen), seen, direct)
         elif f == "max_tokens":
             direct = _num(table, "max_tokens")[keep]
             feats[f] = np.where(np.isfinite(direct), direct, _num(table, "measures.max_tokens")[keep])

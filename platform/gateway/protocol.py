@@ -9,8 +9,7 @@ it strips when the caller did not ask for usage.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -223,9 +222,10 @@ def event_data(event: bytes) -> bytes | None:
 # --- chunks ----------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkView:
-    """What one parsed stream chunk means for measurement."""
+class ChunkView(NamedTuple):
+    """What one parsed stream chunk means for measurement. A tuple, not a frozen dataclass:
+    one is built per SSE event, and a frozen dataclass's ``__init__`` (a ``object.__setattr__``
+    per field) was most of the meter's CPU in a profile."""
 
     generated: bool  # carries content, reasoning, tool-call or completion text
     text_chars: int  # characters of generated text (for an estimate when usage is absent)

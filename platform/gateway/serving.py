@@ -309,7 +309,7 @@ class OpenAIServing:
         if resp.status_code >= 400 or not stream:
             return await self._whole(call, resp, out_headers)
         meter = StreamMeter(translator=translator, strip_usage=not protocol.wants_usage(body),
-                            prompt_tokens=protocol.estimate_tokens(len(protocol.message_text(body))))
+                            prompt_tokens=call.prompt_estimate())
         return SseResponse(self._relay(call, resp, meter), status_code=resp.status_code,  # type: ignore[return-value]  # an ASGI app, as Response is
                            headers={**out_headers, **protocol.SSE_HEADERS})
 
@@ -474,7 +474,7 @@ class _Call:
     """One request's bookkeeping: in-flight count, span, metrics, and its events."""
 
     __slots__ = ("serving", "plan", "unit", "trace_id", "ts", "start", "backend", "body", "model", "span", "named", "caller_auth",
-                 "_inflight_at_start", "_entered", "_done", "authorization", "shadow_status", "_shadow_jobs")
+                 "_inflight_at_start", "_entered", "_done", "authorization", "shadow_status", "_shadow_jobs", "_prompt_est")
 
     def __init__(self, serving: OpenAIServing, *, plan: Plan, unit: str, trace_id: str, ts: datetime, start: float,
                  backend: Backend, body: dict[str, Any], model: str | None) -> None:
@@ -489,6 +489,14 @@ class _Call:
         self.caller_auth: str | None = None
         self.shadow_status: dict[str, str] | None = None  # experiment → "sent" | "dropped", once decided
         self._shadow_jobs: list[tuple[ShadowJob, Any]] = []
+        self._prompt_est: int | None = None
+
+    def prompt_estimate(self) -> int:
+        """The gateway's estimate of the prompt's tokens, counted once per request (the usage
+        chunk of a stream and the event carry the same number)."""
+        if self._prompt_est is None:
+            self._prompt_est = protocol.estimate_tokens(len(protocol.message_text(self.body)))
+        return self._prompt_est
 
     def decide_shadows(self) -> None:
         """For each experiment with a shadow: chosen for this trace? a free slot? (no waiting)."""
@@ -600,7 +608,7 @@ class _Call:
         prompt_tokens, output_tokens = translator_for(self.backend.kind).usage_tokens(usage)
         m = Measurement(
             start=self.start, end=end, first_token=first, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-            est_prompt_tokens=protocol.estimate_tokens(len(protocol.message_text(self.body))),
+            est_prompt_tokens=self.prompt_estimate(),
             est_output_tokens=chunks or protocol.estimate_tokens(out_chars), generated_chunks=chunks,
             itl_sum_s=itl[0], itl_max_s=itl[1], concurrency=concurrency, error=error, server_metrics=server_metrics,
         )

@@ -111,7 +111,7 @@ class StreamMeter:
         s.last_chunk_at = now
         if payload is None:
             return event
-        if payload == DONE or payload.strip() == DONE:
+        if payload == DONE or (payload[:1] != b"{" and payload.strip() == DONE):  # a chunk: no strip copy
             s.done = True
             return event
         try:

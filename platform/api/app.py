@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from ablab.platform.api import problems
 from ablab.platform.api.limits import BodyLimitMiddleware
+from ablab.platform.api.policy_refresh import policy_refresher
 from ablab.platform.api.ports import AnalyticsBackend, IngestPipeline
 from ablab.platform.api.routers import assign, experiments, factors, health, keys, layers, results, ship
 from ablab.platform.api.routers import ingest as ingest_routes
@@ -110,6 +111,8 @@ def create_app(
                 started.append(state.analytics)
                 if settings.guardrail_interval_s > 0:
                     state.components.append(_guardrails(state))
+                if (refresher := policy_refresher(state)) is not None:  # policy models (issue 33)
+                    state.components.append(refresher)
             for extension in extensions or []:
                 state.components.append(extension(state))
             started.extend(state.components)

@@ -1,0 +1,149 @@
+"""The policy model refresher (issue #33, docs/policies.md "Model refresh"): a component of the
+API process that refits every running experiment's ``slo_router`` variants from their logged
+events, in the background, and publishes new versions through the SDK config.
+
+Per pass (every ``ABLAB_POLICY_REFIT_S`` seconds, default 300; 0 turns it off): for each running
+experiment with a router variant, one read of the analytics port (``logged_events``), then
+:func:`ablab.platform.policy.refit.fit_variant` per router. A new version is published
+(``registry.sdk_config.POLICY_MODELS``) and the registry revision bumped, so the SDK config's
+ETag moves and gateways and SDKs pick the model up with their next refresh. ``NotEnoughData``
+or any failure keeps the previous model (or none: the policy explores uniformly) and is
+counted in ``ablab_policy_refits_total{outcome}``. A request never waits on any of this.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from sqlalchemy.orm import Session, sessionmaker
+
+from ablab.platform.api.ports import AnalyticsBackend, Probe
+from ablab.platform.registry.db import transaction
+
+log = logging.getLogger(__name__)
+OUTCOMES = ("published", "unchanged", "not_enough_data", "failed")
+
+
+def refit_interval_s() -> float:
+    return float(os.environ.get("ABLAB_POLICY_REFIT_S", "300"))
+
+
+class PolicyRefresher:
+    """Background refits; :meth:`refit_once` is one pass (tests call it directly)."""
+
+    def __init__(self, sessions: sessionmaker[Session], store: AnalyticsBackend, *, interval_s: float,
+                 start: bool = True, on_publish: Callable[[], None] | None = None) -> None:
+        self._sessions = sessions
+        self._on_publish = on_publish
+        self._store = store
+        self._interval_s = interval_s
+        self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
+        self.last_pass: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        if start and interval_s > 0:
+            self._thread = threading.Thread(target=self._run, name="ablab-policy-refit", daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_s):
+            try:
+                self.refit_once()
+            except Exception:
+                log.exception("policy refit pass failed; every model stays as it was")
+                self.outcomes["failed"] += 1
+
+    def refit_once(self) -> dict[str, str]:
+        """One pass: ``{"<experiment>/<variant>": outcome}``."""
+        from ablab.platform.analytics import service as analytics
+        from ablab.platform.policy.logs import experiment_policies
+        from ablab.platform.policy.model import NotEnoughData
+        from ablab.platform.policy.refit import fit_variant
+        from ablab.platform.policy.spec import SloRouter
+        from ablab.platform.registry import service as registry
+        from ablab.platform.registry.audit import bump_revision
+        from ablab.platform.registry.schemas import Status
+        from ablab.platform.registry.sdk_config import POLICY_MODELS
+
+        with transaction(self._sessions) as session:
+            running, _ = registry.list_experiments(session, status=Status.running, limit=500)
+            reads = [(registry.to_read(e), e.salt) for e in running]
+        done: dict[str, str] = {}
+        changed = False
+        for exp, salt in reads:
+            if not any(isinstance((v.strategy or {}).get("policy"), Mapping) for v in exp.variants):
+                continue
+            try:
+                spec = analytics.stats_spec(exp)
+                routers = {k: p for k, p in experiment_policies(spec).items() if isinstance(p, SloRouter)}
+                table = self._store.logged_events(exp.key) if routers else None
+            except Exception:
+                log.exception("policy refit: experiment %s cannot be read; its models stay", exp.key)
+                for v in exp.variants:
+                    done[f"{exp.key}/{v.key}"] = self._count("failed")
+                continue
+            custom = {m.name: m for m in spec.custom}
+            for variant, policy in routers.items():
+                where = f"{exp.key}/{variant}"
+                try:
+                    model = fit_variant(table, spec, variant, policy, custom=custom)
+                except NotEnoughData as exc:
+                    log.info("policy refit %s: %s; keeping the current model", where, exc)
+                    done[where] = self._count("not_enough_data")
+                    continue
+                except Exception:
+                    log.exception("policy refit %s failed; keeping the current model", where)
+                    done[where] = self._count("failed")
+                    continue
+                if POLICY_MODELS.publish(salt, variant, model.version, json.loads(model.to_json())):
+                    log.info("policy refit %s: model %s published (%d requests)", where, model.version, model.trained_on)
+                    changed = True
+                    done[where] = self._count("published")
+                else:
+                    done[where] = self._count("unchanged")
+        if changed:  # the SDK config carries the models: its revision (and ETag) moves
+            with transaction(self._sessions) as session:
+                bump_revision(session)
+            if self._on_publish is not None:
+                self._on_publish()  # this process's own config cache: at once, not after its TTL
+        self.last_pass = time.time()
+        return done
+
+    def _count(self, outcome: str) -> str:
+        self.outcomes[outcome] += 1
+        return outcome
+
+    # -- ports.Component
+
+    def checks(self) -> Mapping[str, Probe]:
+        return {}
+
+    def collect(self) -> Iterator[Any]:
+        refits = CounterMetricFamily("ablab_policy_refits", "Policy model refits by outcome (a failure or "
+                                     "not_enough_data keeps the previous model)", labels=["outcome"])
+        for outcome, n in self.outcomes.items():
+            refits.add_metric([outcome], n)
+        yield refits
+        last = GaugeMetricFamily("ablab_policy_refit_last_pass_timestamp_seconds", "When the last refit pass ended")
+        last.add_metric([], self.last_pass or 0.0)
+        yield last
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def policy_refresher(state: Any) -> PolicyRefresher | None:
+    """The app's refresher when it has an analytics store and refits are on (app.py)."""
+    interval = refit_interval_s()
+    if state.analytics is None or interval <= 0:
+        return None
+    return PolicyRefresher(state.sessions, state.analytics, interval_s=interval, on_publish=state.assignments.invalidate)

@@ -308,12 +308,20 @@ def view_chunk(chunk: Any) -> ChunkView:
         for choice in choices:
             if not isinstance(choice, dict):
                 continue
-            g, n = _delta_chars(choice)
-            generated |= g
-            chars += n
+            delta = choice.get("delta")
+            if type(delta) is dict and "tool_calls" not in delta:  # most chunks: a text delta, inlined
+                for key in ("content", "reasoning_content", "reasoning"):
+                    value = delta.get(key)
+                    if isinstance(value, str) and value:
+                        generated = True
+                        chars += len(value)
+            else:
+                g, n = _delta_chars(choice)
+                generated |= g
+                chars += n
             finish = choice.get("finish_reason") or finish
     usage_only = usage is not None and not choices
-    return ChunkView(generated, chars, usage_only, usage, finish, error=chunk.get("error"))
+    return ChunkView(generated, chars, usage_only, usage, finish, chunk.get("error"))
 
 
 def chunk_text(chunk: Any) -> str:

@@ -13,6 +13,8 @@ import httpx
 
 from ablab.platform.assignment import Assignment, AssignmentConfig, assign, assign_batch
 from ablab.platform.assignment.payload import config_from_payload
+from ablab.platform.policy.serve import PolicyServer, Served
+from ablab.platform.policy.spec import policy_of
 from ablab.platform.sdk.sinks import ExposureSink, NullSink
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class AblabClient:
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._policies = PolicyServer()
         if start:
             self.refresh()
             self._thread = threading.Thread(target=self._loop, name="ablab-sdk-refresh", daemon=True)
@@ -102,6 +105,22 @@ class AblabClient:
         experiments: Iterable[str] | None = None,
     ) -> list[list[Assignment]]:
         return assign_batch(self.config, unit_ids, attributes, experiments)
+
+    def decide(self, assignment: Assignment, trace_id: str, *, prompt_tokens: int | None = None,
+               max_tokens: int | None = None, attributes: Mapping[str, Any] | None = None) -> Served | None:
+        """For a policy variant's assignment, the arm this request draws (docs/policies.md);
+        None for an ordinary strategy. Serve ``served.strategy`` and put ``served.choice_fields()``
+        (arm, propensity, policy_version) on the request's exposure and inference events
+        (``served.annotate(event)`` adds the features too); ``track`` and ``instrument_openai``
+        do both. The draw is by ``trace_id``: the same request, features and model version
+        always get the same arm. The model is the config's (``policy_models``), refreshed
+        with it; none yet: uniform."""
+        policy = policy_of(assignment.strategy)
+        if policy is None:
+            return None
+        model = self.config.policy_models.get((assignment.experiment, assignment.variant))
+        return self._policies.decide(assignment.experiment, assignment.variant, policy, draw_key=trace_id, model=model,
+                                     prompt_tokens=lambda: prompt_tokens, max_tokens=max_tokens, attributes=attributes)
 
     def _expose(self, unit_id: str, found: list[Assignment], trace_id: str | None) -> None:
         ts = datetime.now(UTC).isoformat()

@@ -46,15 +46,27 @@ class Call:
 
     def __init__(self, client: Any, unit_id: str, *, attributes: Mapping[str, Any] | None = None,
                  experiments: list[str] | None = None, model: str | None = None, price: Price | None = None,
-                 prompt: str | None = None, trace_id: str | None = None, backend_name: str = "direct") -> None:
+                 prompt: str | None = None, trace_id: str | None = None, backend_name: str = "direct",
+                 max_tokens: int | None = None) -> None:
         self._client = client
         self.unit_id = unit_id
         self.trace_id = trace_id or uuid.uuid4().hex
         self.assignments = client.assign(unit_id, attributes, experiments=experiments, log_exposure=False)
+        # A policy variant serves the arm this request draws (AblabClient.decide; docs/policies.md)
+        self.served: list[Any] = []
+        decide = getattr(client, "decide", None)
         merged: dict[str, Any] = {}
         for a in self.assignments:
-            for k, v in a.strategy.items():
-                merged.setdefault(k, v)
+            strategy = a.strategy
+            if "policy" in strategy and decide is not None:
+                served = decide(a, self.trace_id, prompt_tokens=estimate_tokens(len(prompt)) if prompt is not None else None,
+                                max_tokens=max_tokens, attributes=attributes)
+                if served is not None:
+                    self.served.append(served)
+                    strategy = served.strategy
+            for k, v in strategy.items():
+                if k != "policy":
+                    merged.setdefault(k, v)
         self.strategy: Mapping[str, Any] = merged
         self.experiment = self.assignments[0].experiment if self.assignments else None
         self.variant = self.assignments[0].variant if self.assignments else None
@@ -137,6 +149,9 @@ class Call:
             if a.experiment in statuses:
                 event[SHADOW_STATUS] = statuses[a.experiment]
             self.emitted.append(event)
+        for served in self.served:  # a policy's arm, propensity, version and features
+            for event in self.emitted:
+                served.annotate(event)
         for event in self.emitted:
             self._client.sink.emit(event)
         if self.shadows is not None:

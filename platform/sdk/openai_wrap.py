@@ -45,7 +45,8 @@ def _prepare(ablab: Any, kwargs: dict[str, Any], templates: dict[str, str], pric
     attributes = kwargs.pop("ablab_attributes", None)
     if not unit:
         raise ValueError("instrumented create(): give the unit as `user=` or `ablab_unit=`")
-    call = Call(ablab, str(unit), attributes=attributes, model=None, price=price, prompt=_prompt_text(kwargs.get("messages")))
+    call = Call(ablab, str(unit), attributes=attributes, model=None, price=price, prompt=_prompt_text(kwargs.get("messages")),
+                max_tokens=kwargs.get("max_tokens", kwargs.get("max_completion_tokens")))
     if shadows is not None and any(a.shadow for a in call.assignments):
         call.shadows = _CallShadows(shadows, dict(kwargs))
     body = apply_strategy(kwargs, call.strategy, chat=True, templates=templates) if call.strategy else dict(kwargs)

@@ -129,15 +129,22 @@ def _loader_batch(n: int, units: int, seed: int) -> list[tuple]:
     import random
     from datetime import UTC, datetime, timedelta
 
+    from ablab.streaming.loader.rows import RAW_COLUMNS
+
     rng = random.Random(seed)
     base = datetime(2026, 12, 1, 1, 0, tzinfo=UTC)
+    # by name, so a column the loader adds or moves cannot shift the values
+    fixed = {"type": "inference", "experiment": "bench", "tpot_ms": 18.0, "prompt_tokens": 10, "output_tokens": 41,
+             "device_s": 0.1, "cost_usd": 0.0001, "price_version": "p1", "strategy": "{}", "source": "", "payload": "",
+             "measures": {}, "dims": {}, "kafka_partition": 0, "shadow_of": "", "shadow": ""}
     rows = []
     for i in range(n):
         u = rng.randrange(units)
         ttft = 120 * rng.lognormvariate(0, 0.35)
-        rows.append((f"b{seed}-{i}", "inference", base + timedelta(milliseconds=i), f"bt{seed}-{i}", "bench",
-                     "control" if u % 2 == 0 else "compressed", f"u{u}", ttft, ttft + 700, 18.0, 10, 41, 0.1, 0.0001,
-                     "p1", None, "{}", None, None, "", "", {}, {}, 0, i))
+        row = {**fixed, "event_id": f"b{seed}-{i}", "ts": base + timedelta(milliseconds=i), "trace_id": f"bt{seed}-{i}",
+               "variant": "control" if u % 2 == 0 else "compressed", "unit_id": f"u{u}", "ttft_ms": ttft,
+               "e2e_ms": ttft + 700, "kafka_offset": i}
+        rows.append(tuple(row.get(c) for c in RAW_COLUMNS))
     return rows
 
 
@@ -145,10 +152,12 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: 
     from ablab.platform.analytics.results import results, results_from_raw
     from ablab.streaming.loader.rows import RAW_COLUMNS
     from ablab.streaming.store import apply_ddl, make_client, rollup
+    from ablab.streaming.store.reads import StoreReads
     from ablab.streaming.store.rollup import sync as sync_rollup
 
     client = make_client(f"chdb:///{work / 'chdb'}")
     apply_ddl(client)
+    reads = StoreReads(client)  # results read the store through its port, as the API does
     units = 100_000
     # 85 % inference, 15 % labels (every 6th request is labelled, late), plus one exposure per user
     n_inf = int((rows - units) / (1 + 1 / 5.67))
@@ -174,7 +183,7 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: 
     for _ in range(repeat):
         c0 = _self_cpu()
         t = time.perf_counter()
-        result = results(client, spec).model_dump(mode="json")  # what GET /v1/experiments/{key}/results runs: SLO check + rollup read + engine
+        result = results(reads, spec).model_dump(mode="json")  # what GET /v1/experiments/{key}/results runs: SLO check + rollup read + engine
         times.append(time.perf_counter() - t)
         cpu.append(_self_cpu() - c0)
     print(f"[rollup] results for {total:,} events (API path: SLO check + unit_stats read + engine): "
@@ -191,7 +200,7 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: 
         print(f"[loader] rollup step of a 2,000-event batch ({done['bench']:,} units recomputed): "
               f"wall {time.perf_counter() - t:.2f} s, CPU {_self_cpu() - c0:.2f} s; load avg {os.getloadavg()[0]:.1f}")
     t = time.perf_counter()
-    result = results(client, spec).model_dump(mode="json")
+    result = results(reads, spec).model_dump(mode="json")
     print(f"[rollup] results after those batches: wall {time.perf_counter() - t:.2f} s; load avg {os.getloadavg()[0]:.1f}")
     bench_custom(client, total, repeat)
     for final in (True, False) if raw else ():
@@ -199,7 +208,7 @@ def bench_store(rows: int, repeat: int, work: Path, *, raw: bool = True, hours: 
         for _ in range(repeat):
             c0 = _self_cpu()
             t = time.perf_counter()
-            result = results_from_raw(client, spec, final=final).model_dump(mode="json")
+            result = results_from_raw(reads, spec, final=final).model_dump(mode="json")
             times.append(time.perf_counter() - t)
             cpu.append(_self_cpu() - c0)
         e2e = next(r for r in result["metrics"] if r["metric"] == "e2e_ms" and r["variant"] != "control")
@@ -214,16 +223,18 @@ def bench_custom(client, total: int, repeat: int) -> None:
     rollup (``unit_stats`` + ``unit_segment_stats``, what ``GET …/results`` reads), then the raw
     scan of the one per-unit plan side by side."""
     from ablab.platform.analytics.results import _analyze, aggregates, aggregates_from_raw
+    from ablab.streaming.store.reads import StoreReads
     from ablab.streaming.store.rollup import sync as sync_rollup
 
+    reads = StoreReads(client)
     spec = parse_spec(custom_spec({**SPEC, "key": "bench"}))
     sync_rollup(client, spec)
     times, cpu = [], []
     for _ in range(repeat):
         c0 = _self_cpu()
         t = time.perf_counter()
-        agg = aggregates(client, spec)
-        result = _analyze(spec, agg).model_dump(mode="json")
+        agg = aggregates(reads, spec)
+        result = _analyze(reads, spec, agg).model_dump(mode="json")
         times.append(time.perf_counter() - t)
         cpu.append(_self_cpu() - c0)
     print(f"[custom] results for {total:,} events, 3 custom metrics + dims.domain "
@@ -236,10 +247,10 @@ def bench_custom(client, total: int, repeat: int) -> None:
         for _ in range(repeat):
             c0 = _self_cpu()
             t = time.perf_counter()
-            agg = aggregates_from_raw(client, spec, final=final)
+            agg = aggregates_from_raw(reads, spec, final=final)
             agg_t.append(time.perf_counter() - t)
             try:
-                result = _analyze(spec, agg).model_dump(mode="json")
+                result = _analyze(reads, spec, agg).model_dump(mode="json")
             except (KeyError, ValueError) as exc:  # an engine without custom metrics yet
                 result = {"error": str(exc)}
             times.append(time.perf_counter() - t)

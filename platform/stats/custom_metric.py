@@ -158,8 +158,9 @@ class CustomMetricBase(_Closed):
     @property
     def sources(self) -> tuple[str, ...]:
         """The per-request sources this metric reads (a named covariate included)."""
-        own = (getattr(self, "numerator", None), getattr(self, "denominator", None)) if self.type == "ratio" \
-            else (getattr(self, "column", None),)
+        # the subclasses (and their mixins) answer every one of these names
+        roles = ("numerator", "denominator") if self.type == "ratio" else ("column",)
+        own = tuple(getattr(self, role) for role in roles)
         extra = (self.covariate,) if self.covariate not in (None, "pre_period") else ()
         return tuple(s for s in (*own, *extra) if s)
 

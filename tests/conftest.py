@@ -21,13 +21,18 @@ __all__ = ["ApiServer", "fresh_postgres_database", "start_api", "stop_api"]
 SHARED_STACK_FOLDERS = ("tests/integration/dashboards/",)
 # Units that run longest (`--durations` on 2 cores) go first, so both workers finish
 # together instead of one starting a long module at the end; the rest keep their order.
-LONGEST_FIRST = (
-    "tests/integration/stack/test_up_demo.py",
-    "tests/integration/cluster/test_cluster_faults.py",
-    "tests/integration/dashboards/",
+LONGEST_FIRST = (  # seconds per unit, 2 workers on a loaded 2-core machine
+    "tests/integration/cluster/test_cluster_faults.py",  # 440
+    "tests/integration/stack/test_up_demo.py",  # 380
+    "tests/integration/streaming/test_pipeline_canned.py",  # 330
+    "tests/integration/dashboards/",  # 300
+    "tests/integration/streaming/test_pipeline_faults.py",  # 260
+    "tests/integration/streaming/test_hostile_input.py",  # 230
+    "tests/integration/streaming/test_replay.py",  # 170
+    "tests/integration/streaming/test_flink_bounded.py",  # 150
+    "tests/browser/test_dashboard_e2e.py",  # 150
+    "tests/integration/cluster/test_cluster_cli.py",  # 145
     "tests/integration/gateway/test_gateway_prompting_llamacpp.py",
-    "tests/integration/cluster/test_cluster_cli.py",
-    "tests/browser/test_dashboard_e2e.py",
 )
 
 

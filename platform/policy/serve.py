@@ -60,10 +60,11 @@ class Served:
         for name, value in self.features.items():
             if value is None:
                 continue
+            # measures are floats, as every other measure (the outbox's fast check wants the type)
             if name == "prompt_tokens":
-                measures[PROMPT_MEASURE] = value
+                measures[PROMPT_MEASURE] = float(value)
             elif name == "max_tokens":
-                measures["max_tokens"] = value
+                measures["max_tokens"] = float(value)
             elif name.startswith(ATTR_PREFIX) and (text := str(value)[:MAX_DIM_CHARS]):
                 dims[name[len(ATTR_PREFIX):]] = text
         if measures:

@@ -227,22 +227,25 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def throughput(url: str, pid: int | list[int], concurrency: int, requests: int) -> tuple[float, float, float]:
+async def throughput(url: str, pid: int | list[int], concurrency: int, requests: int, *,
+                     stream: bool = True) -> tuple[float, float, float]:
     """(req/s wall, req/s per second of gateway CPU, gateway cores busy); ``pid`` may list several
-    gateway processes (workers), whose CPU is summed."""
+    gateway processes (workers), whose CPU is summed. ``stream`` False: non-streamed requests."""
     import httpx
+
+    call = one if stream else one_whole
 
     pids = pid if isinstance(pid, list) else [pid]
     limits = httpx.Limits(max_connections=concurrency * 2, max_keepalive_connections=concurrency * 2, keepalive_expiry=2.0)
     async with httpx.AsyncClient(timeout=600, limits=limits) as client:
-        await asyncio.gather(*(one(client, url, "ok", f"w{i}", None) for i in range(concurrency)))
+        await asyncio.gather(*(call(client, url, "ok", f"w{i}", None) for i in range(concurrency)))
         cpu0, t0 = sum(cpu_seconds(p) for p in pids), time.perf_counter()
         queue = list(range(requests))
 
         async def worker() -> None:
             while queue:
                 i = queue.pop()
-                await one(client, url, "ok", f"t{i}", None)
+                await call(client, url, "ok", f"t{i}", None)
 
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall, cpu = time.perf_counter() - t0, sum(cpu_seconds(p) for p in pids) - cpu0
@@ -440,6 +443,8 @@ def main() -> None:
                     "streamed request reading the scripted backend with RelayClient and with httpx (1 and 64 at once).")
     ap.add_argument("--baseline-tree", type=Path, help="A tree holding an older ablab/platform/gateway (e.g. "
                     "`git archive <rev> platform/gateway | tar -x -C DIR/ablab`): run it too, as target `before`.")
+    ap.add_argument("--cpu-rounds", type=int, default=0, help="With --baseline-tree: N alternating rounds of gateway "
+                    "CPU per request, old and new (640 streamed at 64 concurrent, 400 non-streamed one at a time); medians.")
     ap.add_argument("--soak-minutes", type=float, default=0.0, help="Then soak the gateway: 64 streams, half cut "
                     "mid-stream; RSS start/end and the in-flight gauge after.")
     ap.add_argument("--llama", action="store_true", help="Also measure in front of llama_cpp.server with SmolLM2.")
@@ -514,6 +519,21 @@ def main() -> None:
         out["throughput"] = {"req_s": rps, "req_s_per_core": per_core, "gateway_cores_busy": cores}
         print(f"\nablab gateway throughput (64 streams, scripted): {rps:.0f} req/s wall, "
               f"{per_core:.0f} req/s per core of gateway CPU (gateway used {cores:.2f} cores)")
+        if args.cpu_rounds and before_pid:
+            # CPU per request, old and new gateway alternating round by round (a loaded host's
+            # noise hits both alike; the median of the rounds is the figure), streamed at 64
+            # concurrent and non-streamed one at a time
+            rounds: dict[str, dict[str, list[float]]] = {t: {"stream_64": [], "whole_1": []} for t in ("before", "ablab")}
+            for _ in range(args.cpu_rounds):
+                for tag, pid in (("before", before_pid), ("ablab", gw_pid)):
+                    rounds[tag]["stream_64"].append(1e6 / asyncio.run(throughput(targets[tag], pid, 64, 640))[1])
+                    rounds[tag]["whole_1"].append(1e6 / asyncio.run(throughput(targets[tag], pid, 1, 400, stream=False))[1])
+            out["cpu_us_per_request"] = {t: {k: {"median": pct(v, 0.5), "min": min(v), "rounds": v} for k, v in r.items()}
+                                         for t, r in rounds.items()}
+            for kind in ("stream_64", "whole_1"):
+                b, a = (pct(rounds[t][kind], 0.5) for t in ("before", "ablab"))
+                print(f"gateway CPU per request ({kind}, median of {args.cpu_rounds} alternating rounds): before {b:.0f} us "
+                      f"({1e6 / b:.0f} req/s per core), now {a:.0f} us ({1e6 / a:.0f} req/s per core)")
         if args.scaling_workers > 1:
             port = free_port()
             many = [spawn([py, me, "--serve-gateway", str(port), f"http://127.0.0.1:{sp}/v1", str(tmp / f"outbox-w{i}"),

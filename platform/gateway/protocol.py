@@ -294,6 +294,41 @@ def _view_responses_event(chunk: dict[str, Any], kind: str) -> ChunkView:
     return ChunkView(False, 0, False, None, None)
 
 
+_TEXT_KEYS = ("content", "reasoning_content", "reasoning")
+
+
+def text_delta_chars(chunk: Any) -> int | None:
+    """The characters of generated text in a chunk of the commonest shape (one choice with a
+    text delta, or completion ``text``; no finish, usage, error, tool call or ``type``), which
+    is then all :func:`view_chunk` would say of it (``generated`` is this > 0); None for any
+    other chunk: ask :func:`view_chunk`. Measured: the meter's per-event cost was mostly
+    building the view; most events of a stream are this shape."""
+    if type(chunk) is not dict or "usage" in chunk or "error" in chunk or "type" in chunk:
+        return None
+    choices = chunk.get("choices")
+    if type(choices) is not list or len(choices) != 1:
+        return None
+    choice = choices[0]
+    if type(choice) is not dict or choice.get("finish_reason") is not None:
+        return None
+    delta = choice.get("delta")
+    if delta is None:
+        text = choice.get("text")
+        if text is None:
+            return 0
+        return len(text) if type(text) is str else None
+    if type(delta) is not dict or "tool_calls" in delta:
+        return None
+    n = 0
+    for key in _TEXT_KEYS:
+        value = delta.get(key)
+        if value is not None:
+            if type(value) is not str:
+                return None
+            n += len(value)
+    return n
+
+
 def view_chunk(chunk: Any) -> ChunkView:
     if not isinstance(chunk, dict):
         return ChunkView(False, 0, False, None, None, error="chunk is not an object")
@@ -310,7 +345,7 @@ def view_chunk(chunk: Any) -> ChunkView:
                 continue
             delta = choice.get("delta")
             if type(delta) is dict and "tool_calls" not in delta:  # most chunks: a text delta, inlined
-                for key in ("content", "reasoning_content", "reasoning"):
+                for key in _TEXT_KEYS:
                     value = delta.get(key)
                     if isinstance(value, str) and value:
                         generated = True

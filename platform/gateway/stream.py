@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from ablab.platform.gateway.protocol import DONE, chunk_text, estimate_tokens, view_chunk
+from ablab.platform.gateway.protocol import DONE, chunk_text, estimate_tokens, text_delta_chars, view_chunk
 from ablab.platform.gateway.sse import SseParser
 from ablab.platform.gateway.translators import Translator
 
@@ -105,6 +105,24 @@ class StreamMeter:
             self.stats.malformed += 1
         return rest
 
+    def _generated(self, chunk: Any, chars: int, now: float) -> None:
+        """A chunk with generated text: TTFT, ITL, counts (and the text, where kept)."""
+        s = self.stats
+        if s.first_token_at is None:
+            s.first_token_at = now
+        else:
+            gap = now - s.last_token_at  # type: ignore[operator]
+            s.itl_sum_s += gap
+            if gap > s.itl_max_s:
+                s.itl_max_s = gap
+        s.last_token_at = now
+        s.generated_chunks += 1
+        s.generated_chars += chars
+        if self._text_left > 0 and (piece := chunk_text(chunk)):
+            piece = piece[:self._text_left]
+            self._text.append(piece)
+            self._text_left -= len(piece)
+
     def _observe(self, event: bytes, payload: bytes | None, now: float) -> bytes | None:
         """Record one event; return what to forward of it (None: nothing)."""
         s = self.stats
@@ -121,6 +139,10 @@ class StreamMeter:
             return event  # not ours to judge: pass it through, count it
         if self._head is None and isinstance(chunk, dict):
             self._head = {k: chunk[k] for k in ("id", "object", "created", "model") if k in chunk}
+        if (chars := text_delta_chars(chunk)) is not None:  # most events: text only, no view built
+            if chars:
+                self._generated(chunk, chars, now)
+            return event
         view = view_chunk(chunk)
         if view.error is not None and isinstance(chunk, dict) and "error" in chunk:
             err = chunk["error"]
@@ -128,20 +150,7 @@ class StreamMeter:
         elif view.error is not None:
             s.malformed += 1
         if view.generated:
-            if s.first_token_at is None:
-                s.first_token_at = now
-            else:
-                gap = now - s.last_token_at  # type: ignore[operator]
-                s.itl_sum_s += gap
-                if gap > s.itl_max_s:
-                    s.itl_max_s = gap
-            s.last_token_at = now
-            s.generated_chunks += 1
-            s.generated_chars += view.text_chars
-            if self._text_left > 0 and (piece := chunk_text(chunk)):
-                piece = piece[:self._text_left]
-                self._text.append(piece)
-                self._text_left -= len(piece)
+            self._generated(chunk, view.text_chars, now)
         if view.finish_reason:
             s.finish_reason = view.finish_reason
         if view.usage is not None:

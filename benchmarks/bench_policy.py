@@ -28,6 +28,7 @@ import argparse
 import os
 import statistics
 import time
+from typing import Any
 
 import numpy as np
 
@@ -230,10 +231,80 @@ def gateway_bench(n: int, rounds: int) -> None:
         p.terminate()
 
 
+def gateway_parts(n: int) -> None:
+    """``--parts N``: the policy's own share of a gateway request, in-process (the app through
+    httpx's ASGI transport, the scripted backend on a thread): thread CPU time
+    (``thread_time_ns``) of the hook (``choose_arm``), the events' annotation and the outbox
+    write, per request, for a policy and a fixed gateway, twice each."""
+    import asyncio
+    import json
+    import tempfile
+    from pathlib import Path
+
+    import httpx
+
+    from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, VariantSpec
+    from ablab.platform.gateway import policy_hook, serving
+    from ablab.platform.gateway.app import create_app
+    from ablab.platform.gateway.scripted import ScriptedBackend
+    from ablab.platform.gateway.settings import Backend, GatewaySettings
+    from ablab.platform.sdk import AblabClient
+
+    router = router_policy()
+    model = fit_after_exploring(router)
+    acc: dict[str, int] = {}
+
+    def timed(name: str, fn: Any) -> Any:
+        def wrapper(*a: Any, **k: Any) -> Any:
+            t = time.thread_time_ns()
+            try:
+                return fn(*a, **k)
+            finally:
+                acc[name] = acc.get(name, 0) + time.thread_time_ns() - t
+        return wrapper
+
+    policy_hook.choose_arm = timed("choose_arm", policy_hook.choose_arm)  # serving.py imports them per call
+    policy_hook.annotate = timed("annotate", policy_hook.annotate)
+    serving.GatewayState.write_events = timed("write_events", serving.GatewayState.write_events)  # type: ignore[method-assign]  # timing wrapper
+    backend = ScriptedBackend(tokens=8).start()
+    rng = np.random.default_rng(1)
+    bodies = [{"model": "m", "max_tokens": 64, "messages": [{"role": "user", "content": "word " * int(k)}]}
+              for k in rng.integers(5, 1500, n)]
+    tmp = tempfile.mkdtemp(prefix="bench-policy-parts-")
+
+    async def run(app: Any) -> None:
+        async with app.router.lifespan_context(app), httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://gateway") as client:
+            for i in range(min(300, n)):
+                await client.post("/v1/chat/completions", json=bodies[i], headers={"X-Ablab-Unit": f"w{i}"})
+            acc.clear()
+            for i in range(n):
+                r = await client.post("/v1/chat/completions", json=bodies[i],
+                                      headers={"X-Ablab-Unit": f"u{i}", "X-Ablab-Attr-Plan": "pro"})
+                assert r.status_code == 200, r.text
+
+    print(f"load average {os.getloadavg()[0]:.2f}; {n:,} requests per run, thread CPU per request:")
+    for k, which in enumerate(("fixed", "policy", "fixed", "policy")):
+        strategy: dict[str, Any] = dict(router.arms["helpful"]) if which == "fixed" else {"policy": router.model_dump(mode="json")}
+        models = {} if which == "fixed" else {("bench", "v"): json.loads(model.to_json())}
+        sdk = AblabClient("http://127.0.0.1:9", "unused", start=False)
+        spec = ExperimentSpec(key="bench", salt="s", control="v", variants=(VariantSpec("v", 1.0, strategy),))
+        sdk.config = AssignmentConfig(experiments=(spec,), revision="1", policy_models=models)
+        settings = GatewaySettings(backends={"scripted": Backend("scripted", backend.url, timeout_s=10.0)},
+                                   default_backend="scripted", outbox_dir=Path(tmp) / f"{which}-{k}")
+        asyncio.run(run(create_app(settings, sdk=sdk, ship=False)))
+        print(f"  {which:7s}", "  ".join(f"{name} {v / n / 1000:.1f} µs" for name, v in acc.items()))
+    backend.stop()
+
+
 if __name__ == "__main__":
     import sys
 
-    if "--gateway" in sys.argv:
+    if "--parts" in sys.argv:
+        ap = argparse.ArgumentParser()
+        ap.add_argument("--parts", type=int, default=3000)
+        gateway_parts(ap.parse_args().parts)
+    elif "--gateway" in sys.argv:
         ap = argparse.ArgumentParser()
         ap.add_argument("--gateway", type=int, default=2000, help="requests per round")
         ap.add_argument("--rounds", type=int, default=4)

@@ -203,6 +203,9 @@ def with_declared_defaults(session: Session, exp: Any) -> Any:
     variants = []
     for v in exp.variants:
         strategy = dict(v.strategy)
+        if isinstance(strategy.get("policy"), dict):  # a policy holds only its arms (each served as set)
+            variants.append(v)
+            continue
         params = dict(strategy.get("params") or {})
         for name, default in defaults.items():
             if name.startswith("params."):

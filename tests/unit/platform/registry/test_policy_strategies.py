@@ -92,3 +92,25 @@ def test_a_policy_strategy_holds_nothing_else_and_updates_are_checked(api) -> No
     r = client.patch("/v1/experiments/router", json={"variants": bad["variants"], "new_phase": True},
                      headers={"Authorization": auth["editor"], "If-Match": created.headers["ETag"]})
     assert r.status_code == 422 and r.json()["field"] == P + "default", r.text
+
+
+def test_declared_factors_in_arms_and_their_defaults(unit_of_work) -> None:
+    from ablab.platform.registry import service as registry
+    from ablab.platform.registry.factors import service as factors
+    from ablab.platform.registry.factors.schemas import FactorCreate
+    from ablab.platform.registry.schemas import ExperimentCreate
+
+    with unit_of_work() as session:
+        factors.declare_factor(session, data=FactorCreate.model_validate(
+            {"name": "engine", "type": "enum", "values": ["vllm", "sglang"], "default": "vllm"}), actor="ed")
+    policy = {**ROUTER, "arms": {"terse": {"engine": "sglang"}, "helpful": {}}}
+    with unit_of_work() as session:  # an arm may set a declared factor to an allowed level
+        registry.create_experiment(session, data=ExperimentCreate.model_validate(_body(policy)), actor="ed",
+                                   bucket_space=10_000)
+    with unit_of_work() as session:
+        exp = registry.to_read(registry.get_experiment(session, "router"))
+        filled = factors.with_declared_defaults(session, exp)
+    # the fixed variant spells out the default; the policy variant stays as set (its arms are served as they are)
+    assert filled.variants[0].strategy["engine"] == "vllm"
+    assert filled.variants[1].strategy == {**exp.variants[1].strategy}
+    assert "engine" not in filled.variants[1].strategy

@@ -44,6 +44,7 @@ def test_each_request_draws_an_arm_whose_strategy_reaches_the_backend(backend, t
                 continue
             sent = next(b for h, b in reversed(backend.requests) if h.get("x-request-id") == trace)
             exposure, inference = events["exposure"], events["inference"]
+            router_unit = f"u{i}"
             arm = inference["arm"]
             seen_arms.add(arm)
             assert sent["messages"][0] == {"role": "system", "content": policy.arms[arm]["system_prompt"]}
@@ -59,6 +60,16 @@ def test_each_request_draws_an_arm_whose_strategy_reaches_the_backend(backend, t
             assert (again.arm, again.propensity) == (arm, inference["propensity"])
             expected = 0.8 if arm == ("terse" if plan == "pro" else "helpful") else 0.2
             assert inference["propensity"] == expected
+        # a streamed request draws and logs the same way
+        r = client.post("/v1/chat/completions", json={**BODY, "stream": True},
+                        headers={"X-Ablab-Unit": router_unit, "X-Ablab-Attr-Plan": "pro"})
+        assert r.status_code == 200 and "data: [DONE]" in r.text
+        trace = r.headers["x-ablab-trace-id"]
+        ev = _events(gw, trace)["inference"]
+        sent = next(b for h, b in reversed(backend.requests) if h.get("x-request-id") == trace)
+        assert ev["variant"] == "router" and _events(gw, trace)["exposure"]["arm"] == ev["arm"]
+        assert sent["messages"][0]["content"] == policy.arms[ev["arm"]]["system_prompt"]
+        assert ev["propensity"] == recompute_propensity(policy, None, {"attr.plan": "pro", "max_tokens": 50}, ev["arm"])
     assert seen_arms == {"terse", "helpful"}
 
 

@@ -2,7 +2,8 @@
 API process that refits every running experiment's ``slo_router`` variants from their logged
 events, in the background, and publishes new versions through the SDK config.
 
-Per pass (every ``ABLAB_POLICY_REFIT_S`` seconds, default 300; 0 turns it off): for each running
+Per pass (``ABLAB_POLICY_REFIT_FIRST_S`` after start, default 10, then every
+``ABLAB_POLICY_REFIT_S`` seconds, default 300; 0 turns it off): for each running
 experiment with a router variant, one read of the analytics port (``logged_events``), then
 :func:`ablab.platform.policy.refit.fit_variant` per router. A new version is published
 (``registry.sdk_config.POLICY_MODELS``) and the registry revision bumped, so the SDK config's
@@ -35,15 +36,22 @@ def refit_interval_s() -> float:
     return float(os.environ.get("ABLAB_POLICY_REFIT_S", "300"))
 
 
+def first_refit_s() -> float:
+    """The first pass soon after start: the models live in memory, so a restarted API serves
+    configs without them (gateways explore uniformly) until it has refit."""
+    return float(os.environ.get("ABLAB_POLICY_REFIT_FIRST_S", "10"))
+
+
 class PolicyRefresher:
     """Background refits; :meth:`refit_once` is one pass (tests call it directly)."""
 
     def __init__(self, sessions: sessionmaker[Session], store: AnalyticsBackend, *, interval_s: float,
-                 start: bool = True, on_publish: Callable[[], None] | None = None) -> None:
+                 start: bool = True, on_publish: Callable[[], None] | None = None, first_s: float | None = None) -> None:
         self._sessions = sessions
         self._on_publish = on_publish
         self._store = store
         self._interval_s = interval_s
+        self._first_s = interval_s if first_s is None else min(first_s, interval_s)
         self.outcomes: dict[str, int] = dict.fromkeys(OUTCOMES, 0)
         self.last_pass: float | None = None
         self._stop = threading.Event()
@@ -53,7 +61,9 @@ class PolicyRefresher:
             self._thread.start()
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        wait = self._first_s
+        while not self._stop.wait(wait):
+            wait = self._interval_s
             try:
                 self.refit_once()
             except Exception:
@@ -146,4 +156,5 @@ def policy_refresher(state: Any) -> PolicyRefresher | None:
     interval = refit_interval_s()
     if state.analytics is None or interval <= 0:
         return None
-    return PolicyRefresher(state.sessions, state.analytics, interval_s=interval, on_publish=state.assignments.invalidate)
+    return PolicyRefresher(state.sessions, state.analytics, interval_s=interval, on_publish=state.assignments.invalidate,
+                           first_s=first_refit_s())

@@ -53,7 +53,8 @@ class EventStore:
 
 @pytest.fixture()
 def app(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[TestClient, dict[str, str], EventStore]]:
-    monkeypatch.setenv("ABLAB_POLICY_REFIT_S", "3600")  # the pass is run by the test
+    monkeypatch.setenv("ABLAB_POLICY_REFIT_S", "3600")  # the passes are run by the test
+    monkeypatch.setenv("ABLAB_POLICY_REFIT_FIRST_S", "3600")
     settings = Settings(home=tmp_path, analytics=True, guardrail_interval_s=0, kafka_bootstrap="127.0.0.1:1")
     upgrade(settings.resolved_database_url)
     engine = make_engine(settings.resolved_database_url)

@@ -32,7 +32,9 @@ SELECT type, ts, trace_id, experiment, variant, unit_id, shadow_of, {', '.join(E
        JSONExtract(payload, 'propensity', 'Nullable(Float64)') AS propensity,
        JSONExtract(payload, 'policy_version', 'Nullable(String)') AS policy_version,
        if(mapContains(measures, 'max_tokens'), measures['max_tokens'],
-          JSONExtract(payload, 'max_tokens', 'Nullable(Float64)')) AS max_tokens
+          JSONExtract(payload, 'max_tokens', 'Nullable(Float64)')) AS max_tokens,
+       if(mapContains(measures, 'policy_prompt_tokens'), measures['policy_prompt_tokens'], NULL)
+          AS `measures.policy_prompt_tokens`
 FROM raw_events FINAL
 WHERE (type = 'inference' AND experiment = {{experiment:String}})
    OR (type = 'feedback' AND trace_id IN (

@@ -444,7 +444,9 @@ def main() -> None:
     ap.add_argument("--baseline-tree", type=Path, help="A tree holding an older ablab/platform/gateway (e.g. "
                     "`git archive <rev> platform/gateway | tar -x -C DIR/ablab`): run it too, as target `before`.")
     ap.add_argument("--cpu-rounds", type=int, default=0, help="With --baseline-tree: N alternating rounds of gateway "
-                    "CPU per request, old and new (640 streamed at 64 concurrent, 400 non-streamed one at a time); medians.")
+                    "CPU per request, old and new (--cpu-requests streamed at 64 concurrent, as many non-streamed one at a "
+                    "time); medians.")
+    ap.add_argument("--cpu-requests", type=int, default=640, help="Requests per --cpu-rounds measurement.")
     ap.add_argument("--soak-minutes", type=float, default=0.0, help="Then soak the gateway: 64 streams, half cut "
                     "mid-stream; RSS start/end and the in-flight gauge after.")
     ap.add_argument("--llama", action="store_true", help="Also measure in front of llama_cpp.server with SmolLM2.")
@@ -526,8 +528,8 @@ def main() -> None:
             rounds: dict[str, dict[str, list[float]]] = {t: {"stream_64": [], "whole_1": []} for t in ("before", "ablab")}
             for _ in range(args.cpu_rounds):
                 for tag, pid in (("before", before_pid), ("ablab", gw_pid)):
-                    rounds[tag]["stream_64"].append(1e6 / asyncio.run(throughput(targets[tag], pid, 64, 640))[1])
-                    rounds[tag]["whole_1"].append(1e6 / asyncio.run(throughput(targets[tag], pid, 1, 400, stream=False))[1])
+                    rounds[tag]["stream_64"].append(1e6 / asyncio.run(throughput(targets[tag], pid, 64, args.cpu_requests))[1])
+                    rounds[tag]["whole_1"].append(1e6 / asyncio.run(throughput(targets[tag], pid, 1, args.cpu_requests, stream=False))[1])
             out["cpu_us_per_request"] = {t: {k: {"median": pct(v, 0.5), "min": min(v), "rounds": v} for k, v in r.items()}
                                          for t, r in rounds.items()}
             for kind in ("stream_64", "whole_1"):

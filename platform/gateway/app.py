@@ -136,9 +136,9 @@ def _unauthorized(detail: str) -> Response:
 
 class GatewayApp(Starlette):
     """Starlette for everything, except that a ``POST`` to a data-plane endpoint goes straight
-    to its serving class: measured, Starlette's middleware stack (error middleware, exception
-    middleware, router, the per-send wrappers around each) cost about a quarter of the CPU of a
-    streamed request. ``handle`` already answers its own failures (500 in OpenAI's shape), so
+    to its serving class: Starlette's middleware stack (error middleware, exception middleware,
+    router, the per-send wrappers around each) was ≈ 13 % of the gateway's CPU per streamed
+    request (docs/benchmarks/gateway.md). ``handle`` already answers its own failures (500 in OpenAI's shape), so
     the skipped middleware had nothing left to catch; other methods on those paths (405) and
     every other path still go through Starlette."""
 

@@ -122,7 +122,7 @@ def _propensity(v: Any) -> bool:
 
 
 def _shadow(v: Any) -> bool:
-    return v is None or v == "sent" or v == "dropped"
+    return v is None or (type(v) is str and v in ("sent", "dropped"))
 
 
 def _version(v: Any) -> bool:

@@ -19,7 +19,7 @@ import streamlit as st
 from ablab.dashboards import session
 from ablab.dashboards.client import ApiClient, ApiError, allowed_api_urls
 from ablab.dashboards.format import md_escape
-from ablab.dashboards.views import editor, experiments, login, results
+from ablab.dashboards.views import editor, experiments, login, ope, results
 from ablab.dashboards.views.common import Context, current_page, end_session, goto
 from ablab.platform.config import get_settings
 
@@ -90,7 +90,7 @@ def _handoff() -> None:
               alt="sign-in session")
 
 
-def _sidebar(ctx: Context, page: str) -> None:
+def _sidebar(ctx: Context, page: str, exp: str | None) -> None:
     with st.sidebar:
         st.markdown("## 🧪 ablab")
         st.caption(f"Signed in as **{md_escape(ctx.user)}** ({md_escape(ctx.scope)})")
@@ -99,6 +99,8 @@ def _sidebar(ctx: Context, page: str) -> None:
         if ctx.can_edit and st.button("New experiment", key="nav_new", width="stretch",
                                       type="primary" if page == "new" else "secondary"):
             goto("new")
+        if st.button("Policy evaluation", key="nav_ope", width="stretch", type="primary" if page == ope.PAGE else "secondary"):
+            goto(ope.PAGE, exp)  # the experiment in view, if any
         st.divider()
         st.caption(f"API: {md_escape(ctx.client.base_url)}")
         if st.button("Sign out", key="nav_signout"):
@@ -122,7 +124,9 @@ def main() -> None:
         return
     problem = _still_valid(ctx)
     page, exp = current_page()  # an ?exp= that is no experiment key is refused there
-    _sidebar(ctx, page)
+    if st.query_params.get("page") == ope.PAGE:  # common.PAGES does not list it (yet), so current_page() falls back
+        page = ope.PAGE
+    _sidebar(ctx, page, exp)
     if problem is not None:
         st.error(f"Could not check the session with the API: {md_escape(problem.detail)}. "
                  "The session is kept; try again in a moment.", icon="⚠️")
@@ -133,6 +137,8 @@ def main() -> None:
         editor.render_edit(ctx, exp)
     elif page == "results":
         results.render(ctx, exp)
+    elif page == ope.PAGE:
+        ope.render(ctx, exp)
     else:
         experiments.render(ctx)
 

@@ -174,6 +174,16 @@ class ApiClient:
     def attribution(self, key: str) -> dict[str, Any]:
         return self._shaped(Attribution, f"/v1/experiments/{segment(key)}/attribution")
 
+    def ope(self, key: str, policy: dict[str, Any], metric: str | None = None) -> dict[str, Any]:
+        """``POST …/ope``: what a candidate policy would have achieved on the experiment's
+        logged requests (IPS, SNIPS, DR with intervals, ``ess``, ``support``, ``logged``).
+        ``metric`` left out: the candidate's objective, else the primary metric."""
+        body: dict[str, Any] = {"policy": policy}
+        if metric:
+            body["metric"] = metric
+        answer: dict[str, Any] = self._json("POST", f"/v1/experiments/{segment(key)}/ope", json=body)
+        return answer
+
 
 def _problem(response: httpx.Response) -> ApiError:
     try:

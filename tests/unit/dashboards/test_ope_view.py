@@ -79,6 +79,9 @@ def test_a_refusal_goes_under_the_widget_it_names() -> None:
 
 
 def test_estimates_sit_beside_the_logged_variants() -> None:
+    from ablab.platform.api.routers.ope import OpeResult
+
+    assert OpeResult.model_validate(ANSWER).model_dump(mode="json") == ANSWER  # the stand-in is the route's shape
     frame = estimates_frame(ANSWER)
     assert list(frame["what"]) == ["candidate · IPS", "candidate · SNIPS", "candidate · Doubly robust", "logged · a",
                                    "logged · b"]

@@ -168,3 +168,29 @@ def test_a_metric_refusal_and_bad_yaml_are_shown_in_the_form() -> None:
 def test_without_an_experiment_the_page_says_how_to_pick_one() -> None:
     at = _app(Client(), key=None)
     assert not at.exception and "Pick an experiment" in at.info[0].value and not at.text_area
+
+
+def test_the_app_routes_a_deep_link_to_the_page() -> None:
+    """``?page=ope&exp=KEY`` opens the page for a signed-in session, and the sidebar offers it."""
+    from pathlib import Path
+
+    from ablab.platform.config import get_settings
+
+    api_url = get_settings().api_url
+
+    class Signed(Client):
+        base_url = api_url.rstrip("/")
+
+        def check(self) -> None:  # the token still counts
+            return None
+
+    at = AppTest.from_file(str(Path(__file__).parents[3] / "dashboards" / "app.py"), default_timeout=30)
+    at.session_state["token"] = "t"
+    at.session_state["api_url"] = api_url
+    at.session_state["_client"] = Signed()
+    at.session_state["_cookie_read"] = True  # no cookie to read: the session is the state above
+    at.query_params["page"] = "ope"
+    at.query_params["exp"] = "x"
+    at.run()
+    assert not at.exception and [t.value for t in at.title] == ["Policy evaluation"]
+    assert "Policy evaluation" in [b.label for b in at.sidebar.button] and at.text_area[0].value == "kind: fixed\narm: a\n"

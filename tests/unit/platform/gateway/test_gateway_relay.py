@@ -11,6 +11,7 @@ import pytest
 
 from ablab.platform.gateway.relay import RelayClient
 from ablab.platform.gateway.scripted import ScriptedBackend
+from ablab_testing.gateway_harness import Gateway, free_port, local_sdk
 
 BODY = b'{"model":"ok","stream":true,"messages":[{"role":"user","content":"hi"}]}'
 
@@ -117,7 +118,6 @@ def test_a_caller_gone_mid_stream_under_the_gateways_own_http_protocol(backend: 
     import threading
 
     import uvicorn
-    from conftest import Gateway, free_port, local_sdk
 
     from ablab.platform.gateway.app import create_app
     from ablab.platform.gateway.limits import uvicorn_options

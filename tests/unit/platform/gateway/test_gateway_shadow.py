@@ -13,7 +13,6 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Gateway, free_port, serve
 
 from ablab.platform.assignment import AssignmentConfig, ExperimentSpec, VariantSpec
 from ablab.platform.events import InferenceEvent, Rejection, validate_event
@@ -22,6 +21,7 @@ from ablab.platform.gateway.scripted import WORDS, ScriptedBackend
 from ablab.platform.gateway.settings import Backend, GatewaySettings
 from ablab.platform.gateway.shadow import Cap, ShadowSpec, chosen
 from ablab.platform.sdk import AblabClient
+from ablab_testing.gateway_harness import Gateway, free_port, serve
 
 MSGS = [{"role": "user", "content": "hello"}]
 ANSWER = "".join(WORDS[i % len(WORDS)] for i in range(9))

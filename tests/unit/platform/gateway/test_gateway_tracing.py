@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import gateway_for
+
+from ablab_testing.gateway_harness import gateway_for
 
 
 def test_a_request_yields_a_genai_span(backend, tmp_path) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import openai
 import pytest
-from conftest import gateway_for
 from test_gateway_contract import MSGS, chunks, inference, post_stream
 
 from ablab.platform.gateway.scripted import ScriptedBackend
+from ablab_testing.gateway_harness import gateway_for
 
 ASK = {"stream_options": {"include_usage": True}}
 

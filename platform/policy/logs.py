@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 from pydantic import ValidationError
 
 from ablab.platform import fields
+from ablab.platform.stats.offline import nested_column
 from ablab.platform.stats.spec import ExperimentSpec
 
 from .ope import LoggedRequests
@@ -51,18 +52,7 @@ def _column(table: pa.Table, name: str) -> pa.Array | None:
     if name in table.column_names:
         return table[name].combine_chunks()
     head, _, key = name.partition(".")
-    if not key or head not in table.column_names:
-        return None
-    col = table[head].combine_chunks()
-    if pa.types.is_struct(col.type):
-        i = col.type.get_field_index(key)
-        if i < 0:
-            return None
-        child = pc.struct_field(col, [i])
-        return pc.if_else(pc.is_valid(col), child, pa.scalar(None, child.type))
-    if pa.types.is_map(col.type):
-        return pc.map_lookup(col, pa.scalar(key, col.type.key_type), "first")
-    return None
+    return nested_column(table, head, key) if key else None
 
 
 def _text(table: pa.Table, name: str) -> Objects:

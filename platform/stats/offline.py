@@ -160,8 +160,9 @@ def _is_error(table: pa.Table) -> Array:
     return flagged
 
 
-def _nested(table: pa.Table, column: str, key: str) -> pa.Array | None:
-    """``column.key`` of a struct or map column (or a flat ``column.key`` column), or None."""
+def nested_column(table: pa.Table, column: str, key: str) -> pa.Array | None:
+    """``column.key`` of a struct or map column (or a flat ``column.key`` column), or None:
+    how ``measures.<name>`` and ``dims.<name>`` are read from any event table."""
     flat = f"{column}.{key}"
     if flat in table.column_names:
         return table[flat].combine_chunks()
@@ -180,7 +181,7 @@ def _nested(table: pa.Table, column: str, key: str) -> pa.Array | None:
 
 
 def _measure(table: pa.Table, name: str) -> Array:
-    col = _nested(table, "measures", name)
+    col = nested_column(table, "measures", name)
     if col is None or pa.types.is_null(col.type):
         return np.full(table.num_rows, np.nan)
     out: Array = pc.cast(col, pa.float64()).to_numpy(zero_copy_only=False).astype(float)
@@ -189,7 +190,7 @@ def _measure(table: pa.Table, name: str) -> Array:
 
 def _dim(table: pa.Table, name: str) -> tuple[Array, Array]:
     """(values as str, present) of ``dims.<name>``."""
-    col = _nested(table, "dims", name)
+    col = nested_column(table, "dims", name)
     if col is None or pa.types.is_null(col.type):
         return np.full(table.num_rows, "", dtype=object), np.zeros(table.num_rows, dtype=bool)
     col = pc.cast(col, pa.string())

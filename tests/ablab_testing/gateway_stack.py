@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -24,6 +25,15 @@ def start_gateway(api, home: Path, config: str, port: int) -> subprocess.Popen:
                             env=env, stdout=log.open("wb"), stderr=subprocess.STDOUT)
     wait_http(f"http://127.0.0.1:{port}/readyz", proc, log)
     return proc
+
+
+def llama_and_openai() -> ModuleType:
+    """Skip the calling test module unless llama.cpp's server and the official openai client
+    are importable; the openai module otherwise."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("llama_cpp is not importable: install the llama-cpp-python wheel (scripts/bootstrap.sh builds and "
+                    "caches it)", allow_module_level=True)
+    return pytest.importorskip("openai")
 
 
 def smollm2_path() -> Path:

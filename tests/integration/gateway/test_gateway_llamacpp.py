@@ -12,7 +12,6 @@ yields an error event while the gateway stays healthy.
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 
@@ -23,6 +22,7 @@ from ablab_testing import free_port, start_api, stop_api
 from ablab_testing.gateway_stack import (
     create_experiment,
     label_and_check_results,
+    llama_and_openai,
     llama_gateway_config,
     outbox_events,
     pick_units,
@@ -33,10 +33,7 @@ from ablab_testing.gateway_stack import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-if importlib.util.find_spec("llama_cpp") is None:
-    pytest.skip("llama_cpp is not importable: install the llama-cpp-python wheel (scripts/bootstrap.sh builds and caches it)",
-                allow_module_level=True)
-openai = pytest.importorskip("openai")
+openai = llama_and_openai()
 
 KEY = "gw-smollm2"
 MSGS = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]

@@ -17,7 +17,6 @@ Shows, with the prompt tokens the backend itself reports:
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 
 import httpx
@@ -26,6 +25,7 @@ import pytest
 from ablab_testing import free_port, start_api, stop_api
 from ablab_testing.gateway_stack import (
     create_experiment,
+    llama_and_openai,
     llama_gateway_config,
     outbox_events,
     pick_units,
@@ -36,10 +36,7 @@ from ablab_testing.gateway_stack import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-if importlib.util.find_spec("llama_cpp") is None:
-    pytest.skip("llama_cpp is not importable: install the llama-cpp-python wheel (scripts/bootstrap.sh builds and caches it)",
-                allow_module_level=True)
-openai = pytest.importorskip("openai")
+openai = llama_and_openai()
 
 KEY = "gw-prompting"
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import socket
@@ -21,14 +20,11 @@ import time
 import pytest
 
 from ablab_testing import ABLAB, free_port, wait_http
-from ablab_testing.gateway_stack import start_llama
+from ablab_testing.gateway_stack import llama_and_openai, start_llama
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
-if importlib.util.find_spec("llama_cpp") is None:
-    pytest.skip("llama_cpp is not importable: install the llama-cpp-python wheel (scripts/bootstrap.sh builds and caches it)",
-                allow_module_level=True)
-openai = pytest.importorskip("openai")
+openai = llama_and_openai()
 MSGS = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 
 

@@ -102,9 +102,13 @@ def wait_installed(*, report: Callable[[str], None], poll_s: float = 5.0, timeou
 
 
 def server_argv(*, port: int, host: str = "127.0.0.1", model: Path | None = None, n_ctx: int = 2048, threads: int = 1) -> list[str]:
+    # interrupt_requests off: by default llama_cpp.server stops the running stream whenever
+    # another request arrives, so a gateway shadow (or any second caller) would cut a primary's
+    # answer short. Requests queue instead.
     return [
         sys.executable, "-m", "llama_cpp.server", "--model", str(model or find_gguf()), "--model_alias", MODEL_ALIAS,
         "--host", host, "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", str(threads),
+        "--interrupt_requests", "false",
     ]
 
 

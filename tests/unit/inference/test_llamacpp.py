@@ -37,4 +37,6 @@ def test_server_command_serves_the_gguf_under_its_alias(tmp_path):
     assert argv[:3] == [sys.executable, "-m", "llama_cpp.server"]
     assert argv[argv.index("--model") + 1] == str(gguf) and argv[argv.index("--model_alias") + 1] == "smollm2"
     assert argv[argv.index("--port") + 1] == "8123"
+    # a second request (a gateway shadow) must queue, not cut the running stream short
+    assert argv[argv.index("--interrupt_requests") + 1] == "false"
 

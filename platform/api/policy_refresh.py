@@ -5,11 +5,13 @@ events, in the background, and publishes new versions through the SDK config.
 Per pass (``ABLAB_POLICY_REFIT_FIRST_S`` after start, default 10, then every
 ``ABLAB_POLICY_REFIT_S`` seconds, default 300; 0 turns it off): for each running
 experiment with a router variant, one read of the analytics port (``logged_events``), then
-:func:`ablab.platform.policy.refit.fit_variant` per router. A new version is published
-(``registry.sdk_config.POLICY_MODELS``) and the registry revision bumped, so the SDK config's
-ETag moves and gateways and SDKs pick the model up with their next refresh. ``NotEnoughData``
-or any failure keeps the previous model (or none: the policy explores uniformly) and is
-counted in ``ablab_policy_refits_total{outcome}``. A request never waits on any of this.
+:func:`ablab.platform.policy.refit.fit_variant` per router. The pass's new versions are
+written to the config DB's ``policy_models`` (``registry.sdk_config.publish_model``) in one
+transaction with the registry revision's bump, so the SDK config's ETag moves exactly when a
+served model does, and every API process (a restarted one too) serves the same models.
+``NotEnoughData`` or any failure keeps the previous model (or none: the policy explores
+uniformly) and is counted in ``ablab_policy_refits_total{outcome}``. A request never waits on
+any of this.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from sqlalchemy.orm import Session, sessionmaker
 
 from ablab.platform.api.ports import AnalyticsBackend, Probe
 from ablab.platform.registry.db import transaction
+
+if TYPE_CHECKING:
+    from ablab.platform.policy.model import PolicyModel
 
 log = logging.getLogger(__name__)
 OUTCOMES = ("published", "unchanged", "not_enough_data", "failed")
@@ -37,8 +42,8 @@ def refit_interval_s() -> float:
 
 
 def first_refit_s() -> float:
-    """The first pass soon after start: the models live in memory, so a restarted API serves
-    configs without them (gateways explore uniformly) until it has refit."""
+    """The first pass soon after start, so a router's first model does not wait a whole
+    interval; the served models themselves are in the config DB and survive a restart."""
     return float(os.environ.get("ABLAB_POLICY_REFIT_FIRST_S", "10"))
 
 
@@ -78,16 +83,14 @@ class PolicyRefresher:
         from ablab.platform.policy.refit import fit_variant
         from ablab.platform.policy.spec import SloRouter
         from ablab.platform.registry import service as registry
-        from ablab.platform.registry.audit import bump_revision
         from ablab.platform.registry.schemas import Status
-        from ablab.platform.registry.sdk_config import POLICY_MODELS
 
         with transaction(self._sessions) as session:
             running, _ = registry.list_experiments(session, status=Status.running, limit=500)
-            reads = [(registry.to_read(e), e.salt) for e in running]
+            reads = [(registry.to_read(e), e.id) for e in running]
         done: dict[str, str] = {}
-        changed = False
-        for exp, salt in reads:
+        fitted: list[tuple[str, int, str, PolicyModel]] = []  # (where, experiment id, variant, model)
+        for exp, exp_id in reads:
             if not any(isinstance((v.strategy or {}).get("policy"), Mapping) for v in exp.variants):
                 continue
             try:
@@ -103,28 +106,38 @@ class PolicyRefresher:
             for variant, policy in routers.items():
                 where = f"{exp.key}/{variant}"
                 try:
-                    model = fit_variant(table, spec, variant, policy, custom=custom)
+                    fitted.append((where, exp_id, variant, fit_variant(table, spec, variant, policy, custom=custom)))
                 except NotEnoughData as exc:
                     log.info("policy refit %s: %s; keeping the current model", where, exc)
                     done[where] = self._count("not_enough_data")
-                    continue
                 except Exception:
                     log.exception("policy refit %s failed; keeping the current model", where)
                     done[where] = self._count("failed")
-                    continue
-                if POLICY_MODELS.publish(salt, variant, model.version, json.loads(model.to_json())):
-                    log.info("policy refit %s: model %s published (%d requests)", where, model.version, model.trained_on)
-                    changed = True
-                    done[where] = self._count("published")
-                else:
-                    done[where] = self._count("unchanged")
-        if changed:  # the SDK config carries the models: its revision (and ETag) moves
-            with transaction(self._sessions) as session:
-                bump_revision(session)
-            if self._on_publish is not None:
-                self._on_publish()  # this process's own config cache: at once, not after its TTL
+        if fitted:
+            done.update(self._publish(fitted))
         self.last_pass = time.time()
         return done
+
+    def _publish(self, fitted: list[tuple[str, int, str, PolicyModel]]) -> dict[str, str]:
+        """The pass's models and, when one is new, the revision bump: one transaction."""
+        from ablab.platform.registry.audit import bump_revision
+        from ablab.platform.registry.sdk_config import publish_model
+
+        try:
+            with transaction(self._sessions) as session:
+                new = {where: publish_model(session, exp_id, variant, model.version, json.loads(model.to_json()))
+                       for where, exp_id, variant, model in fitted}
+                if any(new.values()):  # the SDK config carries the models: its revision (and ETag) moves
+                    bump_revision(session)
+        except Exception:
+            log.exception("policy refit: the new models cannot be stored; every model stays as it was")
+            return {where: self._count("failed") for where, *_ in fitted}
+        for where, _, _, model in fitted:
+            if new[where]:
+                log.info("policy refit %s: model %s published (%d requests)", where, model.version, model.trained_on)
+        if any(new.values()) and self._on_publish is not None:
+            self._on_publish()  # this process's own config cache: at once, not after its TTL
+        return {where: self._count("published" if is_new else "unchanged") for where, is_new in new.items()}
 
     def _count(self, outcome: str) -> str:
         self.outcomes[outcome] += 1

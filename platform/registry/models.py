@@ -194,6 +194,24 @@ class WebhookDelivery(Base):
     expires_at: Mapped[int] = mapped_column(BigInteger, index=True)
 
 
+class PolicyModelRow(Base):
+    """A fitted policy model of one variant (docs/policies.md, "Model refresh"). The newest
+    row per (experiment, variant) is the one the SDK config serves; the few before it are kept
+    (``registry.sdk_config.KEEP_VERSIONS``) so a propensity logged under an older version can
+    still be recomputed. Tied to the experiment's row, so a model never reaches a later
+    experiment of the same key."""
+
+    __tablename__ = "policy_models"
+    __table_args__ = (UniqueConstraint("experiment_id", "variant", "version"),)
+
+    id: Mapped[int] = mapped_column(primary_key=True)
+    experiment_id: Mapped[int] = mapped_column(ForeignKey("experiments.id", ondelete="CASCADE"))
+    variant: Mapped[str] = mapped_column(String(64))
+    version: Mapped[str] = mapped_column(String(64))
+    model: Mapped[dict[str, Any]] = mapped_column()
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 @event.listens_for(AuditEntry, "before_update")
 @event.listens_for(AuditEntry, "before_delete")
 def _audit_is_append_only(_mapper, _connection, target: AuditEntry) -> None:

@@ -22,7 +22,7 @@ def _fresh(database_url: str, tmp_path) -> str:
     return fresh_postgres_database()
 
 
-HEAD = "0005"  # the newest migration (0005: shadows), which upgrade() reaches through 0002
+HEAD = "0006"  # the newest migration (0006: policy models), which upgrade() reaches through 0002
 
 
 def test_duplicate_active_names_are_told_apart_and_keep_working(database_url: str, tmp_path) -> None:

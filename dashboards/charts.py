@@ -189,3 +189,93 @@ def cuped_chart(result: Mapping[str, Any]) -> alt.LayerChart:
     return (base.mark_rule(strokeWidth=3).encode(x=alt.X("lo:Q", title="Relative difference vs control (%)"), x2="hi:Q")
             + base.mark_point(filled=True, size=60).encode(x="rel:Q")).properties(
         title="CUPED: adjusted vs unadjusted 95% CI", height=40 * max(2, df["metric"].nunique()))
+
+
+# -- policy variants: arm shares and the credit of the gain -----------------------------------
+def arm_share_frame(policy: Mapping[str, Any]) -> pd.DataFrame:
+    """Each arm's share of the policy variant's requests (%) with its 95 % interval."""
+    rows = []
+    for a in policy.get("arms") or []:
+        ci = list(a.get("share_ci") or [None, None]) + [None, None]
+        rows.append({"arm": str(a.get("arm")), "share": _scale("accuracy", a.get("share")), "lo": _scale("accuracy", ci[0]),
+                     "hi": _scale("accuracy", ci[1]), "requests": a.get("requests")})
+    return pd.DataFrame(rows, columns=["arm", "share", "lo", "hi", "requests"])
+
+
+def arm_share_chart(policy: Mapping[str, Any]) -> alt.LayerChart:
+    """Bars of each arm's share of requests, the interval as a rule across each bar's end."""
+    df = arm_share_frame(policy)
+    base = alt.Chart(df).encode(y=alt.Y("arm:N", title="Arm", sort=None))
+    bars = base.mark_bar(opacity=0.8).encode(
+        x=alt.X("share:Q", title="Share of the variant's requests (%)", scale=alt.Scale(domain=[0, 100])),
+        color=alt.Color("arm:N", legend=None),
+        tooltip=["arm", alt.Tooltip("share:Q", format=".1f", title="share %"), alt.Tooltip("lo:Q", format=".1f"),
+                 alt.Tooltip("hi:Q", format=".1f"), alt.Tooltip("requests:Q", format=",.0f")],
+    )
+    ci = base.mark_rule(strokeWidth=2, color="black").encode(x="lo:Q", x2="hi:Q")
+    return (bars + ci).properties(title=f"Arm shares of {policy.get('variant', 'the policy')}, with 95% CI",
+                                  height=30 * max(2, len(df)))
+
+
+def credit_frame(credit: Mapping[str, Any]) -> pd.DataFrame:
+    """The policy's gain over its baseline as steps: each arm's contribution, the routing term
+    when given, a rest when the parts do not add up to the gain, then the gain itself."""
+    metric = str(credit.get("metric", ""))
+    rows, running = [], 0.0
+    parts = [(f"arm {a.get('arm')}", a.get("contribution"), a.get("ci")) for a in credit.get("arms") or []]
+    routing = credit.get("routing")
+    if isinstance(routing, Mapping) and routing.get("estimate") is not None:
+        parts.append(("routing (the choice per request)", routing.get("estimate"), routing.get("ci")))
+    gain = (credit.get("gain") or {}).get("estimate")
+    for step, value, ci in parts:
+        est = float(value or 0.0)
+        lo, hi = (list(ci or [None, None]) + [None, None])[:2]
+        rows.append({"step": step, "start": _scale(metric, running), "end": _scale(metric, running + est),
+                     "contribution": _scale(metric, est), "lo": _scale(metric, lo), "hi": _scale(metric, hi), "kind": "part"})
+        running += est
+    if gain is not None and abs(float(gain) - running) > 1e-9 * max(1.0, abs(float(gain))):
+        rest = float(gain) - running
+        rows.append({"step": "rest (not credited)", "start": _scale(metric, running), "end": _scale(metric, float(gain)),
+                     "contribution": _scale(metric, rest), "lo": None, "hi": None, "kind": "rest"})
+    total = float(gain) if gain is not None else running
+    gci = list((credit.get("gain") or {}).get("ci") or [None, None]) + [None, None]
+    rows.append({"step": "gain", "start": 0.0, "end": _scale(metric, total), "contribution": _scale(metric, total),
+                 "lo": _scale(metric, gci[0]), "hi": _scale(metric, gci[1]), "kind": "gain"})
+    return pd.DataFrame(rows, columns=["step", "start", "end", "contribution", "lo", "hi", "kind"])
+
+
+def credit_chart(credit: Mapping[str, Any]) -> alt.Chart:
+    """Waterfall: the arms' contributions (and routing) stacked up to the policy's gain."""
+    metric = str(credit.get("metric", ""))
+    df = credit_frame(credit)
+    return alt.Chart(df).mark_bar().encode(
+        x=alt.X("step:N", title=None, sort=None, axis=alt.Axis(labelAngle=-20, labelLimit=260)),
+        y=alt.Y("start:Q", title=f"Gain in {axis_title(metric)}"),
+        y2="end:Q",
+        color=alt.Color("kind:N", title="", scale=alt.Scale(domain=["part", "rest", "gain"], range=["#4c78a8", "#bbbbbb", "#f58518"])),
+        tooltip=["step", alt.Tooltip("contribution:Q", format=",.4g"), alt.Tooltip("lo:Q", format=",.4g"),
+                 alt.Tooltip("hi:Q", format=",.4g")],
+    ).properties(title=f"Where {credit.get('variant', 'the policy')}'s {metric_label(metric).lower()} gain comes from",
+                 height=280)
+
+
+def feature_credit_frame(credit: Mapping[str, Any]) -> pd.DataFrame:
+    metric = str(credit.get("metric", ""))
+    rows = []
+    for f in credit.get("features") or []:
+        ci = list(f.get("ci") or [None, None]) + [None, None]
+        rows.append({"feature": str(f.get("feature")), "credit": _scale(metric, f.get("credit")),
+                     "lo": _scale(metric, ci[0]), "hi": _scale(metric, ci[1])})
+    return pd.DataFrame(rows, columns=["feature", "credit", "lo", "hi"])
+
+
+def feature_credit_chart(credit: Mapping[str, Any]) -> alt.LayerChart:
+    """Each feature's credit for the routing gain, with its interval, against zero."""
+    metric = str(credit.get("metric", ""))
+    df = feature_credit_frame(credit)
+    base = alt.Chart(df).encode(y=alt.Y("feature:N", title="Feature", sort=None))
+    bars = base.mark_bar(opacity=0.8).encode(x=alt.X("credit:Q", title=f"Credit in {axis_title(metric)}"),
+                                             tooltip=["feature", alt.Tooltip("credit:Q", format=",.4g")])
+    ci = base.mark_rule(strokeWidth=2, color="black").encode(x="lo:Q", x2="hi:Q")
+    zero = alt.Chart(pd.DataFrame({"x": [0]})).mark_rule(strokeDash=[4, 4], color="gray").encode(x="x:Q")
+    return (bars + ci + zero).properties(title="Credit per feature (what routing on it gained)", height=30 * max(2, len(df)))

@@ -376,6 +376,9 @@ def strategy_changes(strategy: Mapping[str, Any] | None, baseline: Mapping[str, 
 
 
 def _level(value: Any) -> str:
+    if isinstance(value, Mapping) and "kind" in value:  # a policy: its kind and arms, not its whole mapping
+        arms = value.get("arms")
+        return f"{value['kind']} over {', '.join(map(str, arms))}" if isinstance(arms, Mapping) and arms else str(value["kind"])
     return "—" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
 
 

@@ -17,7 +17,8 @@ from ablab.dashboards import forms
 from ablab.dashboards.client import ApiError
 from ablab.dashboards.format import HEADLINE_P95, METRIC_HELP, STATUS_BADGES, fmt_pct, md_escape, metric_label
 from ablab.dashboards.views.common import Context, call, field_error, goto
-from ablab.dashboards.views.strategy import factors_panel, load_catalog, strategy_picker
+from ablab.dashboards.views.policy_editor import variant_strategy
+from ablab.dashboards.views.strategy import factors_panel, load_catalog
 from ablab.platform.assignment.targeting import Op
 from ablab.platform.fields import COST_FIELD, FIELDS, HEADLINE_LATENCY, SLA_METRIC, SLO_FIELDS
 from ablab.platform.registry.factors.catalog import FactorCatalog
@@ -37,7 +38,7 @@ def _init(key: str, value: Any) -> None:
 
 # -- pieces --------------------------------------------------------------------------------
 def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[str, str], factors: list[forms.Factor],
-              *, disabled: bool) -> tuple[list[dict[str, Any]], str]:
+              *, custom: list[dict[str, Any]], disabled: bool) -> tuple[list[dict[str, Any]], str]:
     defaults = current or [{"key": "control", "weight": 50, "strategy": {}}, {"key": "treatment", "weight": 50, "strategy": {}}]
     _init(f"{prefix}_nvar", len(defaults))
     n = int(st.number_input("Number of variants", min_value=2, max_value=MAX_VARIANTS, key=f"{prefix}_nvar", disabled=disabled))
@@ -65,8 +66,8 @@ def _variants(prefix: str, current: list[dict[str, Any]] | None, errors: dict[st
             weights.append(int(w))
             field_error(errors, f"variants.{i}.key", f"variants.{i}.weight")
             with st.expander(f"Strategy of `{vkey or '?'}`", expanded=False):
-                strategy = strategy_picker(f"{prefix}_v{i}", base.get("strategy"), factors, errors, f"variants.{i}.strategy",
-                                           disabled=disabled)
+                strategy = variant_strategy(f"{prefix}_v{i}", base.get("strategy"), factors, errors, f"variants.{i}.strategy",
+                                            custom=custom, disabled=disabled)
             out.append({"key": vkey.strip(), "weight": w, "strategy": strategy})
     field_error(errors, "variants")
     keys = [v["key"] for v in out if v["key"]]
@@ -273,7 +274,8 @@ def _form(ctx: Context, prefix: str, current: dict[str, Any] | None, errors: dic
         st.checkbox("Change variants or weights (starts a new phase: units are reshuffled, earlier data kept apart)",
                     key=f"{prefix}_newphase")
         lock = not st.session_state[f"{prefix}_newphase"]
-    variants, _ = _variants(prefix, (current or {}).get("variants"), errors, forms.strategy_factors(catalog), disabled=lock)
+    variants, _ = _variants(prefix, (current or {}).get("variants"), errors, forms.strategy_factors(catalog),
+                            custom=list(((current or {}).get("metrics") or {}).get("custom") or []), disabled=lock)
     body["variants"] = [{**v, "weight": float(v["weight"])} for v in variants]
     keys = [v["key"] for v in variants if v["key"]] or ["control"]
     _init(f"{prefix}_control", (current or {}).get("control", keys[0]))

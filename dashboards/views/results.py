@@ -40,7 +40,7 @@ from ablab.dashboards.format import (
     results_csv,
     results_table,
 )
-from ablab.dashboards.views import custom_metrics, live, segments, shadows, ship, tables, variants
+from ablab.dashboards.views import custom_metrics, live, policies, segments, shadows, ship, tables, variants
 from ablab.dashboards.views.common import Context, goto, show_api_error
 from ablab.dashboards.views.nav import VIEWS, address, open_view, view_params
 from ablab.platform import fields
@@ -136,12 +136,15 @@ def _overview(ctx: Context, exp: dict[str, Any], result: Any, every: float | Non
     live.run_live(draw, every)
     _downloads_and_estimates(result, key)
     _guardrails(result)
+    attribution = _fetch(ctx.client.attribution, key)  # once: the policy credit and the trade-offs read it
+    if policies.entries(result):
+        policies.render(result, attribution[0])
     _cuped(result)
     _power(result)
     _segments_pointer(key, result)
     shadows.render_shadows(ctx, result)
     _distributions(ctx, key, result)
-    _attribution(ctx, key)
+    _attribution(*attribution)
 
 
 def _live(ctx: Context, key: str, result: Any, every: float | None) -> None:
@@ -300,9 +303,8 @@ def _distributions(ctx: Context, key: str, result: Any) -> None:
         st.info("No latency windows yet.")
 
 
-def _attribution(ctx: Context, key: str) -> None:
+def _attribution(att: Any, err: ApiError | None) -> None:
     st.subheader("Trade-offs and attribution")
-    att, err = _fetch(ctx.client.attribution, key)
     if err:
         st.warning(f"No attribution: {md_escape(err.detail)}")
         return

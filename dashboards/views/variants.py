@@ -19,8 +19,8 @@ from ablab.dashboards.format import (
     variant_table,
     variants_table,
 )
-from ablab.dashboards.views import tables
-from ablab.dashboards.views.common import Context
+from ablab.dashboards.views import policies, tables
+from ablab.dashboards.views.common import Context, call
 from ablab.dashboards.views.nav import open_view
 
 
@@ -32,7 +32,7 @@ def render(ctx: Context, exp: dict[str, Any], result: Any, variant: str | None) 
     if variant is None:
         _all(exp, result)
     else:
-        _one(exp, result, variant)
+        _one(ctx, exp, result, variant)
 
 
 def _all(exp: dict[str, Any], result: Any) -> None:
@@ -44,7 +44,7 @@ def _all(exp: dict[str, Any], result: Any) -> None:
         open_view(exp["key"], "variants", variant=exp["variants"][picked]["key"])
 
 
-def _one(exp: dict[str, Any], result: Any, variant: str) -> None:
+def _one(ctx: Context, exp: dict[str, Any], result: Any, variant: str) -> None:
     key = exp["key"]
     spec = next(v for v in exp["variants"] if v["key"] == variant)
     is_control = variant == exp.get("control")
@@ -71,6 +71,9 @@ def _one(exp: dict[str, Any], result: Any, variant: str) -> None:
     if not comparison.empty:
         st.markdown("**Against the control**: the difference, its interval and the adjusted p-value")
         tables.show(comparison, key="var_comparison", flex=("Metric",), help={"Verdict": VERDICT_HELP})
+    if any(p.get("variant") == variant for p in policies.entries(result)):
+        attribution = call(ctx.client.attribution, key, what="load the policy's credit")
+        policies.render(result, attribution, only=variant)
     guards = guardrail_table(result)
     if not guards.empty:
         mine = guards[guards["Variant"] == variant].drop(columns=["Variant"])

@@ -35,7 +35,7 @@ from ablab.platform.stats.aggregates import VariantStats, segment_stats_from_uni
 from ablab.platform.stats.attribution import attribution_results
 from ablab.platform.stats.engine import analyze_results
 from ablab.platform.stats.metrics import HISTOGRAM_SOURCES
-from ablab.platform.stats.result_models import Attribution, Results
+from ablab.platform.stats.result_models import Attribution, PolicyBreakdown, Results
 from ablab.platform.stats.spec import ExperimentSpec
 from ablab.platform.stats.sufficient import HistogramStats
 
@@ -203,9 +203,19 @@ def _floats(column: np.ndarray) -> np.ndarray:
     return column.astype(float)
 
 
+def policy_breakdowns(store: AnalyticsReads, spec: ExperimentSpec) -> list[PolicyBreakdown] | None:
+    """``results.policies`` (issue 33): one read of the experiment's logged events, only when it
+    has a policy variant; the reading and the numbers are ``ablab analyze``'s
+    (:func:`ablab.platform.policy.breakdown.policy_results`)."""
+    from ablab.platform.policy.breakdown import has_policies, policy_results
+
+    return policy_results(store.logged_events(spec.key), spec) if has_policies(spec) else None
+
+
 def _analyze(store: AnalyticsReads, spec: ExperimentSpec, agg: StoreAggregates) -> Results:
+    policies = policy_breakdowns(store, spec)
     return analyze_results(spec=spec, stats=agg.stats, exposures=agg.exposures, segments=agg.segments,
-                           shadows=shadow_pairs(store, spec))
+                           shadows=shadow_pairs(store, spec), extra=None if policies is None else {"policies": policies})
 
 
 def results(store: AnalyticsReads, spec: ExperimentSpec) -> Results:
@@ -222,5 +232,12 @@ def results_from_rollup(store: AnalyticsReads, spec: ExperimentSpec) -> Results:
 
 
 def attribution(store: AnalyticsReads, spec: ExperimentSpec) -> Attribution:
-    """``GET /v1/experiments/{key}/attribution`` from the store."""
-    return attribution_results(spec=spec, stats=aggregates(store, spec).stats)
+    """``GET /v1/experiments/{key}/attribution`` from the store; with a policy variant, its
+    credit from one read of the logged events (:func:`ablab.platform.policy.credit.policy_credits_from_events`)."""
+    from ablab.platform.policy.breakdown import has_policies
+    from ablab.platform.policy.credit import policy_credits_from_events
+
+    result = attribution_results(spec=spec, stats=aggregates(store, spec).stats)
+    if has_policies(spec):
+        result.policies = policy_credits_from_events(store.logged_events(spec.key), spec)
+    return result

@@ -16,6 +16,7 @@ from ablab.platform.api.ports import AnalyticsBackend, IngestPipeline
 from ablab.platform.api.routers import assign, experiments, factors, health, keys, layers, results, ship
 from ablab.platform.api.routers import ingest as ingest_routes
 from ablab.platform.api.routers import ope as ope_routes
+from ablab.platform.api.routers import policy_models as policy_model_routes
 from ablab.platform.api.state import AppState
 from ablab.platform.config import Settings, get_settings
 from ablab.platform.registry.db import make_engine, make_sessionmaker
@@ -141,6 +142,7 @@ def create_app(
     app.include_router(factors.router)
     app.include_router(ope_routes.router)
     app.include_router(ship.router)
+    app.include_router(policy_model_routes.router)
     ingest_routes.install_openapi(app)
     # Outermost last: the metrics middleware also sees the body limit's 413/408 answers.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes, timeout_s=settings.http_body_timeout_s)

@@ -23,7 +23,7 @@ from ablab.platform.gateway import protocol
 from ablab.platform.gateway.metering import strategy_id
 from ablab.platform.gateway.rewrite import strategy_problems
 from ablab.platform.gateway.serving import GatewayState, Plan, _attributes
-from ablab.platform.policy.serve import PolicyServer, Served
+from ablab.platform.policy.serve import PolicyServer, Served, served_strategy
 from ablab.platform.policy.spec import policy_of
 
 
@@ -74,12 +74,9 @@ def _owner(st: GatewayState, plan: Plan) -> _Owner | None:
         if policy is None:
             continue
         arms: dict[str, Plan] = {}
+        owner_index = next(i for i, s in enumerate(strategies) if s is strategy)
         for arm, arm_strategy in (policy.get("arms") or {}).items():
-            merged: dict[str, Any] = {}
-            for s in strategies:
-                for k, v in (arm_strategy if s is strategy else s).items():
-                    if k != "policy":
-                        merged.setdefault(k, v)
+            merged = served_strategy(strategies, owner_index, arm_strategy)
             problems = tuple(strategy_problems(merged, backends=st.settings.backends, templates=st.settings.templates,
                                                can_compress=st.compress is not None))
             arms[arm] = Plan(plan.assignments, merged, strategy_id(merged), problems, plan.shadows)

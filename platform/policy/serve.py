@@ -17,7 +17,7 @@ back, so a logged propensity is recomputed exactly from its event.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,6 +88,20 @@ def features_of(names: tuple[str, ...], *, prompt_tokens: Callable[[], int | Non
             value = (attributes or {}).get(name[len(ATTR_PREFIX):])
             out[name] = None if value is None or value == "" else str(value)
     return out
+
+
+def served_strategy(strategies: Sequence[Mapping[str, Any]], owner: int, arm: Mapping[str, Any]) -> dict[str, Any]:
+    """The strategy a request that drew ``arm`` is served with: the unit's assignments'
+    strategies (``strategies``, in assignment order, ``owner`` the policy variant's) merged as
+    the gateway merges any plan — the first to set a factor decides it — with the arm's
+    strategy in the policy's place and no ``policy`` key left. The gateway's arm plans and
+    ``POST /v1/assign``'s ``decision.strategy`` are this one function."""
+    merged: dict[str, Any] = {}
+    for i, strategy in enumerate(strategies):
+        for k, v in (arm if i == owner else strategy).items():
+            if k != "policy":
+                merged.setdefault(k, v)
+    return merged
 
 
 def policy_features(policy: PolicyT) -> tuple[str, ...]:

@@ -46,7 +46,7 @@ _REASON = {name: i for i, name in enumerate(REJECT_REASONS)}
 ID_COLUMNS = ("type", "experiment", "variant", "unit_id")
 COLUMNS = (
     "type", "ts", "trace_id", "experiment", "variant", "unit_id", *fields.EVENT_FIELDS, "error", "correct",
-    "measures", "dims", "shadow_of", "shadow",
+    "measures", "dims", "shadow_of", "shadow", "arm", "propensity", "policy_version", "max_tokens",
 )
 """The event columns an analysis reads (every catalogue field); others are left unread."""
 
@@ -462,7 +462,12 @@ def _exposures(
 def analyze_events(events: Any, spec: ExperimentSpec) -> tuple[Results, OfflineAggregates]:
     """The engine's results over an event file (``ablab analyze``), and what was aggregated."""
     agg = aggregate_events(events, spec)
-    result = analyze_results(spec=spec, stats=agg.stats, exposures=agg.exposures, extra={"data_quality": agg.data_quality},
+    extra: dict[str, Any] = {"data_quality": agg.data_quality}
+    from ablab.platform.policy.breakdown import has_policies, policy_results  # the policy package reads this module
+
+    if has_policies(spec):  # a policy variant's arms and SLOs (issue 33), from the reading GET …/results uses
+        extra["policies"] = policy_results(to_table(events), spec)
+    result = analyze_results(spec=spec, stats=agg.stats, exposures=agg.exposures, extra=extra,
                              segments=agg.segments, shadows=agg.shadows)
     return result, agg
 

@@ -10,8 +10,8 @@ Python ones.
 Closed: a field the engine does not declare here is refused (``extra="forbid"``), so the
 shapes and the JSON cannot drift apart. The one open object is a Pareto point, whose
 objectives are keyed by metric name. Every declared key is in the JSON (null where it does
-not apply, ``power`` on a control row), except ``shadows`` and ``data_quality``, left out
-when there are none.
+not apply, ``power`` on a control row), except ``shadows``, ``data_quality`` and
+``policies``, left out when there are none.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def json_ready(value: Any) -> Any:
 Number = Annotated[int | float | None, BeforeValidator(_finite)]  # an int stays an int (counts)
 Interval = list[Number]  # [low, high]; [null, null] where undefined
 Json = Annotated[dict[str, Any], BeforeValidator(json_ready)]
-# Keys left out of the JSON when null (shadows, data_quality).
+# Keys left out of the JSON when null (shadows, data_quality, policies).
 _ABSENT_WHEN_NONE: dict[str, Any] = {"exclude_if": lambda value: value is None}
 
 
@@ -240,6 +240,98 @@ class ShadowRow(_Shape):
     coverage: ShadowCoverage = Field(default_factory=ShadowCoverage)
 
 
+# ---------------------------------------------------------------- policy variants (issue 33)
+
+
+class ArmMetric(_Shape):
+    """One metric's per-request mean over an arm's requests with a value, its interval over
+    randomization units (requests of one unit are dependent)."""
+
+    metric: str
+    n: int = 0
+    estimate: Number = None
+    ci: Interval = Field(default_factory=_nulls)
+
+
+class SloCompliance(_Shape):
+    """One SLO of a router over its variant's requests: ``observed`` is the statistic the SLO
+    bounds (the quantile, or the mean when the SLO names none), ``compliance`` the share of
+    requests whose ``field`` is within ``bound``; ``met`` is null without data."""
+
+    metric: str  # as the policy writes it, e.g. ttft_ms_p95
+    field: str
+    quantile: Number = None  # null: the SLO bounds the mean
+    bound: float
+    n: int = 0
+    observed: Number = None
+    ci: Interval = Field(default_factory=_nulls)
+    compliance: Number = None
+    met: bool | None = None
+
+
+class ArmRow(_Shape):
+    """One arm of a policy variant: how much of the variant's traffic it took and how it did."""
+
+    arm: str
+    requests: int = 0
+    share: Number = None  # of the variant's requests
+    share_ci: Interval = Field(default_factory=_nulls)  # over units
+    mean_propensity: Number = None  # the policy's own probability of this arm, as logged
+    slo_compliance: Number = None  # share of its requests meeting every bound; null without SLO or data
+    metrics: list[ArmMetric] = Field(default_factory=list)
+
+
+class PolicyBreakdown(_Shape):
+    """A policy variant's arms, SLO compliance and model state (``results.policies``)."""
+
+    variant: str
+    kind: Literal["slo_router", "rule", "fixed"]
+    requests: int = 0
+    units: int = 0
+    model_version: str | None = None  # the version most of its requests were decided under
+    exploring: bool = False  # most of its requests were decided without a model (uniform)
+    objective: str | None = None
+    slo: list[SloCompliance] = Field(default_factory=list)
+    arms: list[ArmRow] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
+class PolicyEstimate(_Shape):
+    estimate: Number = None
+    ci: Interval = Field(default_factory=_nulls)
+
+
+class ArmCredit(_Shape):
+    """``contribution = share × (mean − control mean)``: the arms' contributions add up to the gain."""
+
+    arm: str
+    share: Number = None  # of the policy's requests with a value of the metric
+    mean: Number = None
+    contribution: Number = None
+    ci: Interval = Field(default_factory=_nulls)
+
+
+class FeatureCredit(_Shape):
+    """A feature's Shapley share of V(policy) − V(policy blind to all its features)."""
+
+    feature: str
+    credit: Number = None
+    ci: Interval = Field(default_factory=_nulls)
+
+
+class PolicyCredit(_Shape):
+    """Where a policy variant's gain over the control comes from (``attribution.policies``)."""
+
+    variant: str
+    metric: str
+    baseline: str  # the control variant
+    gain: PolicyEstimate = Field(default_factory=PolicyEstimate)  # policy mean − control mean, measured
+    arms: list[ArmCredit] = Field(default_factory=list)
+    routing: PolicyEstimate = Field(default_factory=PolicyEstimate)  # V(policy) − V(best single arm), doubly robust
+    features: list[FeatureCredit] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+
+
 class Results(_Shape):
     """``GET /v1/experiments/{key}/results`` and ``ablab analyze --json``."""
 
@@ -258,6 +350,8 @@ class Results(_Shape):
     shadows: list[ShadowRow] | None = Field(default=None, **_ABSENT_WHEN_NONE)
     # ``ablab analyze`` only: what the event file held that the analysis could not use
     data_quality: Json | None = Field(default=None, **_ABSENT_WHEN_NONE)
+    # only when the experiment has a policy variant (issue 33)
+    policies: list[PolicyBreakdown] | None = Field(default=None, **_ABSENT_WHEN_NONE)
 
     def rows(self, metric: str) -> list[MetricRow]:
         return [r for r in self.metrics if r.metric == metric]
@@ -340,3 +434,5 @@ class Attribution(_Shape):
     pareto: Pareto = Field(default_factory=Pareto)
     factors: dict[str, Json] = Field(default_factory=dict)  # variant → factor → level
     factorial: dict[str, Factorial] = Field(default_factory=dict)  # metric → effects
+    # only when the experiment has a policy variant (issue 33)
+    policies: list[PolicyCredit] | None = Field(default=None, **_ABSENT_WHEN_NONE)

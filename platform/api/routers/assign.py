@@ -9,11 +9,18 @@ one-row revocation read is the exception (see ``state.TokenCache``).
 
 Nothing a caller sends runs unbounded here: attributes are bounded scalars, targeting
 regexes run on RE2 (linear time), and large batches run on a worker thread.
+
+A policy variant's assignment also carries ``decision`` (docs/policies.md, "Assign API"): the
+arm drawn by the same :class:`~ablab.platform.policy.serve.PolicyServer`, salt and draw key
+(the request's ``trace_id``) as the gateway and the SDK, so all three choose the same arm for
+the same trace, features and model version.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Request, Response
@@ -28,6 +35,9 @@ from ablab.platform.assignment.payload import SdkConfig
 from ablab.platform.assignment.targeting import attributes_problem
 from ablab.platform.auth import allows
 from ablab.platform.errors import Forbidden, Invalid
+from ablab.platform.events import Identifier
+from ablab.platform.policy.serve import PolicyServer, served_strategy
+from ablab.platform.policy.spec import policy_of
 from ablab.platform.registry.schemas import Scope
 
 router = APIRouter(prefix="/v1", tags=["assignment"])
@@ -35,17 +45,47 @@ router = APIRouter(prefix="/v1", tags=["assignment"])
 MAX_BATCH = 10_000
 
 
+TokenCount = Annotated[int, Field(strict=True, ge=0, le=10**9)]
+
+
+class PolicyFeatures(BaseModel):
+    """What a policy reads of the request besides its ``attributes`` (``attr.<name>``);
+    a feature left out is absent, as in the gateway and the SDK."""
+
+    model_config = ConfigDict(extra="forbid")
+    prompt_tokens: TokenCount | None = Field(default=None, description="The prompt's token count known before the call.")
+    max_tokens: TokenCount | None = Field(default=None, description="The request's max_tokens.")
+
+
+TraceId = Annotated[Identifier | None, Field(description="The request's trace id: a policy variant's draw key "
+                                                         "(default: a new one, returned in `decision.trace_id`).")]
+
+
 class AssignRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     unit_id: str = Field(min_length=1, max_length=256)
     attributes: dict[str, Any] | None = None
     experiments: list[str] | None = Field(default=None, max_length=1000)
+    features: PolicyFeatures | None = None
+    trace_id: TraceId = None
+
+
+class PolicyDecision(BaseModel):
+    """A policy variant's choice for this request, as the gateway would make it."""
+
+    arm: str
+    propensity: float = Field(description="The exact probability the policy gave this arm")
+    policy_version: str = Field(description="The model's version (`uniform:<hash>` before one exists, `rule:<hash>`)")
+    strategy: dict[str, Any] = Field(description="The arm's strategy merged with the unit's other assignments' "
+                                                 "as the gateway merges them: what to serve")
+    trace_id: str = Field(description="The draw key: log the request's events under it")
 
 
 class AssignmentOut(BaseModel):
     experiment: str
     variant: str
     strategy: dict[str, Any]
+    decision: PolicyDecision | None = Field(default=None, description="Only for a policy variant")
 
 
 class AssignResponse(BaseModel):
@@ -56,6 +96,8 @@ class BatchUnit(BaseModel):
     model_config = ConfigDict(extra="forbid")
     unit_id: str = Field(min_length=1, max_length=256)
     attributes: dict[str, Any] | None = None
+    features: PolicyFeatures | None = None
+    trace_id: TraceId = None
 
 
 class BatchRequest(BaseModel):
@@ -89,6 +131,55 @@ class _AssignedJSON:
 
 
 _fragments = _AssignedJSON()
+
+
+def _policies(request: Request) -> PolicyServer:
+    """This app's deciders (one per app, like the gateway's per state), rebuilt by the server
+    only when a variant's policy or model object changes, i.e. when the config is recompiled."""
+    server: PolicyServer | None = getattr(request.app.state, "ablab_policies", None)
+    if server is None:
+        server = request.app.state.ablab_policies = PolicyServer()
+    return server
+
+
+def _decisions(server: PolicyServer, config: Any, found: Sequence[Any], trace_id: str | None,
+               features: PolicyFeatures | None, attributes: Mapping[str, Any] | None) -> dict[int, str]:
+    """The ``decision`` JSON of each policy assignment in ``found`` (by index), drawn as the
+    gateway draws: by the request's trace id, with the features it was given (absent ones
+    absent) and the config's model of the variant."""
+    out: dict[int, str] = {}
+    trace = trace_id
+    for i, a in enumerate(found):
+        policy = policy_of(a.strategy)
+        if policy is None:
+            continue
+        trace = trace or uuid.uuid4().hex  # one per request, shared by its policy assignments
+        served = server.decide(a.experiment, a.variant, policy, draw_key=trace,
+                               model=config.policy_models.get((a.experiment, a.variant)),
+                               prompt_tokens=lambda: features.prompt_tokens if features is not None else None,
+                               max_tokens=features.max_tokens if features is not None else None, attributes=attributes)
+        if served is None:  # a policy this process cannot read: the assignment as it is
+            continue
+        d = served.decision
+        strategy = served_strategy([f.strategy for f in found], i, served.strategy)
+        out[i] = json.dumps({"arm": d.arm, "propensity": d.propensity, "policy_version": d.model_version,
+                             "strategy": strategy, "trace_id": trace}, separators=(",", ":"), ensure_ascii=False, default=str)
+    return out
+
+
+def _unit_json(config: Any, found: Sequence[Any], decisions: Mapping[int, str]) -> str:
+    fragment = _fragments.fragment
+    if not decisions:
+        return ",".join(fragment(config, a) for a in found)
+    parts = []
+    for i, a in enumerate(found):
+        text = fragment(config, a)
+        parts.append(text if i not in decisions else f'{text[:-1]},"decision":{decisions[i]}}}')
+    return ",".join(parts)
+
+
+def _has_policy(found: Sequence[Any]) -> bool:
+    return any("policy" in a.strategy for a in found)
 
 
 def _json(text: str) -> Response:
@@ -135,7 +226,18 @@ async def assign_unit(body: AssignRequest, request: Request, _: SdkAsync) -> Res
     found = assign(config, body.unit_id, body.attributes, body.experiments)
     for a in found:
         state.metrics.assignments.labels(a.experiment, a.variant).inc()
-    return _json('{"assignments":[' + ",".join(_fragments.fragment(config, a) for a in found) + "]}")
+    decisions = (_decisions(_policies(request), config, found, body.trace_id, body.features, body.attributes)
+                 if _has_policy(found) else {})
+    return _json('{"assignments":[' + _unit_json(config, found, decisions) + "]}")
+
+
+def _batch_json(server: PolicyServer, config: Any, units: list[BatchUnit], results: list[Any]) -> str:
+    rows = []
+    for unit, found in zip(units, results):
+        decisions = (_decisions(server, config, found, unit.trace_id, unit.features, unit.attributes)
+                     if _has_policy(found) else {})
+        rows.append("[" + _unit_json(config, found, decisions) + "]")
+    return '{"results":[' + ",".join(rows) + "]}"
 
 
 @router.post("/assign/batch", response_model=BatchResponse, responses=responses(Invalid))
@@ -145,13 +247,12 @@ async def assign_units(body: BatchRequest, request: Request, _: SdkAsync) -> Res
     config = _state(request).assignments.current().config
     ids = [u.unit_id for u in body.units]
     attrs = [u.attributes for u in body.units] if any(u.attributes for u in body.units) else None
+    server = _policies(request)
     if len(ids) <= INLINE_BATCH:
         results = assign_batch(config, ids, attrs, body.experiments)
-    else:
-        results = await run_in_threadpool(assign_batch, config, ids, attrs, body.experiments)
-    fragment = _fragments.fragment
-    rows = ("[" + ",".join(fragment(config, a) for a in unit) + "]" for unit in results)
-    return _json('{"results":[' + ",".join(rows) + "]}")
+        return _json(_batch_json(server, config, body.units, results))
+    results = await run_in_threadpool(assign_batch, config, ids, attrs, body.experiments)
+    return _json(await run_in_threadpool(_batch_json, server, config, body.units, results))
 
 
 @router.get("/sdk/config", response_model=None,

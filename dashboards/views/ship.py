@@ -5,7 +5,8 @@ A variant whose decision is ``ship`` (a win on the primary metrics, every guardr
 gets a button; a click asks for confirmation first, saying what changes (a new phase in which
 it has all of the experiment's traffic) and what does not (targeting, layer range, holdout).
 Editors may also ship another variant anyway, with a reason: the API audits it as forced.
-Once shipped, the panel says which variant, since which phase, by whom, and whether forced.
+Once shipped, the panel says which variant, since which phase, by whom, and whether forced,
+and that the results beside it are the comparison before the ship (their ``window``).
 """
 
 from __future__ import annotations
@@ -21,9 +22,7 @@ from ablab.dashboards.views.common import Context, call, show_api_error
 
 PENDING = "ship_pending"  # session key: (experiment, variant, force, reason) awaiting confirmation
 DONE = "ship_done"
-SHIPPED_RESULTS_NOTE = ("The numbers below include traffic after the ship, when every unit got the shipped variant: "
-                        "its split check and decisions no longer compare variants as the experiment did. The decision "
-                        "it shipped on, with its evidence, is in the audit log (action ship).")
+AUDIT_NOTE = "The decision it shipped on, with its evidence, is in the audit log (action ship)."
 
 
 def decisions(result: Any) -> dict[str, Mapping[str, Any]]:
@@ -44,6 +43,29 @@ def shipped_text(shipped: Mapping[str, Any]) -> str:
         text += f"; **forced** although its decision was {md_escape(shipped.get('decision') or 'none')}: " \
                 f"{md_escape(shipped.get('reason') or '')}"
     return text + "."
+
+
+def _utc(text: Any) -> str:
+    return str(text)[:19].replace("T", " ")
+
+
+def window_text(shipped: Mapping[str, Any], result: Any) -> str:
+    """What the results beside the panel are after a ship (Markdown, user text escaped): the
+    comparison before it, from the results' ``window``; traffic since the ship is all the
+    shipped variant's and compares nothing, so it is left out of them."""
+    variant = md_escape(shipped.get("variant", "?"))
+    window = (result.get("window") or {}) if isinstance(result, Mapping) else {}
+    bound = window.get("shipped") or {}
+    if bound:
+        since = f"from {_utc(window['start'])} UTC " if window.get("start") else ""
+        text = (f"The results below are the comparison before the ship: events {since}until {_utc(window.get('end'))} "
+                f"UTC, the phases before phase {bound['phase']}, under the split the variants had then. Traffic since "
+                f"the ship, every unit on {variant}, is not in them, so the split check and the decisions are the ones "
+                "the experiment reached.")
+    else:  # results read before the ship took effect
+        text = (f"Results compare the phases before the ship; traffic since it, every unit on {variant}, is left out "
+                "of them.")
+    return f"{text} {AUDIT_NOTE}"
 
 
 def confirm_text(exp: Mapping[str, Any], variant: str, decision: Mapping[str, Any] | None, *, force: bool, reason: str) -> str:
@@ -75,9 +97,7 @@ def render(ctx: Context, exp: Mapping[str, Any], result: Any) -> None:
         st.success(shipped_text(shipped), icon="🚀")
         if done and not done.get("replayed"):
             st.caption("The SDK config and /v1/assign follow within their refresh; the audit log has the ship.")
-        # Results read the whole experiment against today's weights (the shipped variant's alone),
-        # so the split check and the decisions below stop meaning what they did before the ship.
-        st.caption(SHIPPED_RESULTS_NOTE)
+        st.caption(window_text(shipped, result))
         return
     ready = shippable(result)
     if not ready and not ctx.can_edit:

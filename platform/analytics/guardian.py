@@ -1,5 +1,11 @@
 """Guardrail automation: a breached guardrail pauses its variant and says why in the audit log.
 
+A shipped experiment (:func:`ablab.platform.registry.ship.ship_window`) is left alone: its
+comparison ended at the ship, which its decision already weighed (a forced ship is audited
+as forced), and after it every unit gets the shipped variant, so there is no control to hold
+a guardrail against; pausing the shipped variant would take all of its traffic away. Watching
+the shipped variant in production is the service's monitoring's job (the gateway's metrics).
+
 The same loop runs the opt-in SLA-constrained Thompson allocator (:mod:`.allocation`)
 every ``allocator_interval_s``, after the guardrail pass, so no extra process is needed.
 """
@@ -37,6 +43,7 @@ def enforce_guardrails(
     with transaction(sessions) as session:
         running, _ = registry.list_experiments(session, status=Status.running, limit=500)
         reads = [registry.to_read(e) for e in running]
+        shipped = {exp.key for exp in reads if exp.guardrails and service.ship_of(session, exp) is not None}
     for exp in reads:
         try:  # the maintenance step that keeps results reads free of writes
             if sync_rollup is not None:
@@ -44,6 +51,9 @@ def enforce_guardrails(
         except Exception:
             log.exception("rollup maintenance of %s failed", exp.key)
         if not exp.guardrails:
+            continue
+        if exp.key in shipped:
+            _skip_shipped(exp.key, exp.phase)
             continue
         try:
             result = service.results(store, exp, settings=settings)
@@ -61,6 +71,15 @@ def enforce_guardrails(
             paused.append({"experiment": exp.key, **breach})
             log.warning("paused %s/%s: %s", exp.key, breach["variant"], breach["reason"])
     return paused
+
+
+_told: set[tuple[str, int]] = set()
+
+
+def _skip_shipped(key: str, phase: int) -> None:
+    if (key, phase) not in _told:  # once per ship, not every pass
+        _told.add((key, phase))
+        log.info("guardrails of %s are not enforced: it was shipped (phase %d), its comparison is closed", key, phase)
 
 
 class GuardrailMonitor:

@@ -56,7 +56,8 @@ class StoreAggregates:
 
 
 def _exposures(store: AnalyticsReads, spec: ExperimentSpec, *, final: bool) -> dict[str, float] | None:
-    got = store.exposures(spec.key, final=final)
+    # exposures after the analysis end (a ship: every later unit is the shipped variant's) are no part of the split
+    got = store.exposures(spec.key, final=final, end_ms=ua.end_ms(spec.end) if spec.end else None)
     if not got or spec.request_randomized:
         return None
     return {v.key: float(got.get(v.key, 0)) for v in spec.variants}

@@ -46,8 +46,9 @@ class AnalyticsReads(Protocol):
         """The plan's pre-period columns per unit (``sql.pre``); None without a pre-period query or rows."""
         ...
 
-    def exposures(self, experiment: str, *, final: bool = True) -> dict[str, int]:
-        """Exposed units per variant (variants without exposures left out)."""
+    def exposures(self, experiment: str, *, final: bool = True, end_ms: int | None = None) -> dict[str, int]:
+        """Exposed units per variant (variants without exposures left out); with ``end_ms``,
+        only exposures before it (epoch milliseconds, exclusive)."""
         ...
 
     def shadow_activity(self, sql: ShadowSQL) -> bool:

@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from ablab.platform import fields
 from ablab.platform.stats.offline import nested_column
 from ablab.platform.stats.spec import ExperimentSpec
+from ablab.platform.stats.unit_agg import end_ms
 
 from .ope import LoggedRequests
 from .spec import ATTR_PREFIX, PolicyInvalid, PolicyT, error_field, parse_policy, policy_of
@@ -121,6 +122,8 @@ def requests_from_table(table: pa.Table, spec: ExperimentSpec, *, features: Sequ
     if spec.start:
         start = datetime.fromisoformat(spec.start.replace("Z", "+00:00")).timestamp() * 1000.0
         inf &= ~(ts < start)
+    if spec.end:  # analysis.end, or a ship: later requests are the shipped variant's alone, no logged policy
+        inf &= ~(ts >= end_ms(spec.end))
     rows = np.flatnonzero(inf)
     # the first event per trace: by event time, then position
     order = rows[np.lexsort((rows, np.nan_to_num(ts[rows], nan=np.inf), trace[rows].astype(str)))]

@@ -149,14 +149,40 @@ def _record(entry: AuditEntry) -> ShipRecord:
     return ShipRecord(actor=entry.actor, at=aware(entry.at) or entry.at, **ship)
 
 
-def last_ship(session: Session, key: str) -> ShipRecord | None:
-    entry = session.scalar(
+def _last_entry(session: Session, key: str) -> AuditEntry | None:
+    return session.scalar(
         select(AuditEntry)
         .where(AuditEntry.entity_type == "experiment", AuditEntry.entity_key == key, AuditEntry.action == SHIP_ACTION)
         .order_by(AuditEntry.id.desc())
         .limit(1)
     )
+
+
+def last_ship(session: Session, key: str) -> ShipRecord | None:
+    entry = _last_entry(session, key)
     return _record(entry) if entry is not None else None
+
+
+@dataclass(frozen=True)
+class ShipWindow:
+    """A ship that closed the experiment's comparison, and the variants' weights just before it
+    (the audit entry's ``before``): the split the compared units were assigned under."""
+
+    record: ShipRecord
+    weights: dict[str, float]
+
+
+def ship_window(session: Session, exp: Experiment | ExperimentRead) -> ShipWindow | None:
+    """The last ship while the experiment is still in its phase (a pause or a stop since does
+    not make later traffic comparable; a later phase, a new split, ends it), else None."""
+    entry = _last_entry(session, exp.key)
+    if entry is None:
+        return None
+    record = _record(entry)
+    if exp.phase != record.phase:
+        return None
+    before = (entry.before or {}).get("variants") or []
+    return ShipWindow(record, {str(v["key"]): float(v["weight"]) for v in before})
 
 
 def _still_shipped(exp: Experiment, record: ShipRecord) -> bool:

@@ -46,7 +46,7 @@ from .result_models import (
     json_ready,
 )
 from .segments import segment_breakdown
-from .spec import ExperimentSpec
+from .spec import ExperimentSpec, analysis_window
 from .sufficient import CupedStats, ProportionStats, RatioStats, SampleStats
 
 __all__ = ["analyze_results", "arm_estimate", "compare_metric", "empty_variant", "json_ready"]
@@ -301,5 +301,6 @@ def analyze_results(
         decisions=decisions,
         segments=[Segment.model_validate(s) for s in segment_breakdown(spec, segments)] if segments else [],
         shadows=[ShadowRow.model_validate(r) for r in shadow_rows(spec, shadows)] if shadows is not None and shadows.active else None,
+        window=analysis_window(spec),
         **dict(extra or {}),
     )

@@ -267,9 +267,13 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     inf &= shadow_of < 0
     # pre-period requests (CUPED's covariate) count per unit whatever their variant, even none
     early = (ts < ua.start_ms(spec.start)) if spec.start else np.zeros(n, dtype=bool)
+    # at or after the analysis end (analysis.end, or a ship) nothing is the experiment's, as in the store's scan
+    late = (ts >= ua.end_ms(spec.end)) if spec.end else np.zeros(n, dtype=bool)
+    if spec.end:
+        quality["after_end_events"] = int((mine & late).sum())
     pre = inf & early
-    inf &= ~pre
-    shd &= ~early  # a pre-period shadow is compared with nothing
+    inf &= ~pre & ~late
+    shd &= ~early & ~late  # a pre-period shadow is compared with nothing
     known = np.isin(var_labels, [v.key for v in spec.variants])
     var_ok = (var_codes >= 0) & known[np.maximum(var_codes, 0)] if var_labels.size else np.zeros(n, dtype=bool)
     reasons[(inf | shd) & ~var_ok] = _REASON["unknown_variant"]
@@ -334,7 +338,7 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     histograms = ua.histograms_numpy(plan, values, keep, var_codes[keep], var_labels)
     span = (np.nanmax(ts[keep]) - np.nanmin(ts[keep])) / 1000.0 if keep.size and np.isfinite(ts[keep]).any() else 0.0
     durations = {v.key: float(span) for v in spec.variants} if span > 0 else None
-    exposures = _exposures(spec, mine & of_type("exposure"), unit_codes, var_codes, var_labels)
+    exposures = _exposures(spec, mine & of_type("exposure") & ~late, unit_codes, var_codes, var_labels)
     segments = _segments(plan, table, values, keep, var_codes, var_labels, unit, pre, spec) if plan.segments else None
     bad = np.flatnonzero(reasons != 0)
     rejected = None

@@ -332,6 +332,22 @@ class PolicyCredit(_Shape):
     notes: list[str] = Field(default_factory=list)
 
 
+class ShippedWindow(_Shape):
+    """The ship that ended the comparison: ``variant`` had all traffic from ``at``, in ``phase``."""
+
+    variant: str
+    at: str
+    phase: int
+
+
+class Window(_Shape):
+    """The events analysed: ``start <= ts < end`` (ISO-8601; null: unbounded on that side)."""
+
+    start: str | None = None
+    end: str | None = None
+    shipped: ShippedWindow | None = None
+
+
 class Results(_Shape):
     """``GET /v1/experiments/{key}/results`` and ``ablab analyze --json``."""
 
@@ -352,6 +368,8 @@ class Results(_Shape):
     data_quality: Json | None = Field(default=None, **_ABSENT_WHEN_NONE)
     # only when the experiment has a policy variant (issue 33)
     policies: list[PolicyBreakdown] | None = Field(default=None, **_ABSENT_WHEN_NONE)
+    # the analysed window; absent when neither a start nor an end bounds it
+    window: Window | None = Field(default=None, **_ABSENT_WHEN_NONE)
 
     def rows(self, metric: str) -> list[MetricRow]:
         return [r for r in self.metrics if r.metric == metric]

@@ -12,13 +12,19 @@ Guardrails::
       - {metric: <latency>_p95, max: 800}               # SLA: confidently above → breach (pauses)
       - {metric: accuracy, margin: 0.02}                # non-inferiority, absolute
       - {metric: error_rate, margin: 0.10, relative: true}
+
+The analysis window: events with ``start <= ts < end`` are the experiment (``start``: the
+experiment's start, events before it are CUPED's pre-period; ``end``: ``analysis.end``, or
+the time of a ship, :class:`Shipped`, whichever is earlier). After a ship every new unit gets
+the shipped variant, so those events compare nothing: the comparison is the phases before it.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,11 +33,22 @@ from ablab.platform import fields
 
 from .custom_metric import CUSTOM_METRIC, CUSTOM_METRIC_TYPES, CustomMetric, error_text, snake_name
 from .metrics import DEFAULT_METRICS, METRICS, SLO_METRICS, MetricDef
+from .result_models import ShippedWindow, Window
 from .sequential import DEFAULT_TUNING_N
 
 
 class SpecError(ValueError):
     """Bad experiment definition; the message names the field."""
+
+
+@dataclass(frozen=True, slots=True)
+class Shipped:
+    """A ship that closed the comparison: from ``at`` (ISO-8601) ``variant`` had all of the
+    experiment's traffic, in ``phase``. The spec's weights are then the split before the ship."""
+
+    variant: str
+    at: str
+    phase: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +89,8 @@ class ExperimentSpec:
     cuped: bool = True
     coverage_alpha: float = 0.001
     start: str | None = None  # ISO-8601; inference events before it are the CUPED pre-period
+    end: str | None = None  # ISO-8601, exclusive: events at or after it are not the experiment's
+    shipped: Shipped | None = None  # the ship that set ``end`` (or came after a user's earlier end)
     # weights were changed by the adaptive allocator (phases): the split is not the configured
     # weights, so the sample-ratio check against them does not apply
     adaptive: bool = False
@@ -226,6 +245,50 @@ def parse_mde(raw: Any, known: Mapping[str, Any]) -> dict[str, float]:
     return out
 
 
+def iso_moment(text: Any, name: str) -> datetime:
+    """An ISO-8601 time (UTC when it names no zone); :class:`SpecError` naming ``name`` otherwise."""
+    if isinstance(text, datetime):
+        moment = text
+    else:
+        try:
+            moment = datetime.fromisoformat(str(text).strip().replace(" ", "T").replace("Z", "+00:00"))
+        except ValueError:
+            raise SpecError(f"{name}: not an ISO-8601 time: {text!r}") from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _end(raw: Any, start: str | None) -> str | None:
+    """``analysis.end``: ISO-8601, after ``start`` when there is one (an empty window analyzes nothing)."""
+    if raw is None or raw == "":
+        return None
+    end = iso_moment(raw, "analysis.end")
+    if start is not None and end <= iso_moment(start, "start"):
+        raise SpecError(f"analysis.end: {end.isoformat()} is not after the start {start}")
+    return end.isoformat() if isinstance(raw, datetime) else str(raw)
+
+
+def with_ship(spec: ExperimentSpec, shipped: Shipped, weights: Mapping[str, float]) -> ExperimentSpec:
+    """``spec`` analysed as the comparison before ``shipped``: events before the ship (or the
+    user's earlier ``end``), and the split the variants had then (``weights`` by variant; a
+    variant added since has none), so the sample-ratio check tests the split the units saw."""
+    at = iso_moment(shipped.at, "shipped.at")
+    end = spec.end if spec.end is not None and iso_moment(spec.end, "analysis.end") <= at else at.isoformat()
+    if spec.start is not None and at <= iso_moment(spec.start, "start"):
+        raise SpecError(f"shipped.at: {shipped.at} is not after the start {spec.start}")
+    variants = tuple(replace(v, weight=float(weights.get(v.key, 0.0))) for v in spec.variants)
+    return replace(spec, end=end, shipped=shipped, variants=variants)
+
+
+def analysis_window(spec: ExperimentSpec) -> Window | None:
+    """What the results JSON says about the window (absent when neither bound applies)."""
+    if spec.start is None and spec.end is None:
+        return None
+    shipped = None
+    if spec.shipped is not None:
+        shipped = ShippedWindow(variant=spec.shipped.variant, at=spec.shipped.at, phase=spec.shipped.phase)
+    return Window(start=spec.start, end=spec.end, shipped=shipped)
+
+
 def parse_spec(data: Mapping[str, Any]) -> ExperimentSpec:
     if not isinstance(data, Mapping):
         raise SpecError(f"experiment: expected a mapping, got {type(data).__name__}")
@@ -290,6 +353,9 @@ def parse_spec(data: Mapping[str, Any]) -> ExperimentSpec:
     names = list(dict.fromkeys([*names, *primary_t, *(g.metric for g in guardrails), *(m.name for m in custom)]))
     mde = parse_mde(analysis.get("mde"), known)
 
+    start = str(data["start"]) if data.get("start") else (str(analysis["start"]) if analysis.get("start") else None)
+    end = _end(analysis.get("end", data.get("end")), start)
+
     correction = str(analysis.get("correction", "holm"))
     if correction not in ("holm", "bh", "none"):
         raise SpecError(f"analysis.correction: must be holm, bh or none, got {correction!r}")
@@ -307,7 +373,8 @@ def parse_spec(data: Mapping[str, Any]) -> ExperimentSpec:
         tuning_n=_number(analysis.get("tuning_n", DEFAULT_TUNING_N), "analysis.tuning_n", lo=1.0),
         correction=correction,
         cuped=bool(analysis.get("cuped", True)),
-        start=str(data["start"]) if data.get("start") else (str(analysis["start"]) if analysis.get("start") else None),
+        start=start,
+        end=end,
         custom=custom,
         segments=segments,
         mde=mde,

@@ -35,9 +35,11 @@ and numpy — take the error rule, ``good`` and validity from here.
 
 A column is ``count`` (requests where its ``requires`` sources are present), ``sum`` or
 ``sumsq`` (Σ source / Σ source² over requests where the source and ``requires`` are
-present). In-period requests (``ts >= spec.start``, all when no start) make the rows;
-pre-period requests (``ts < spec.start``) are summed per unit, whatever their variant, and
-attached to the unit's rows (:func:`attach_pre`), as CUPED's covariate.
+present). In-period requests (``spec.start <= ts < spec.end``, each bound only when the spec
+has it) make the rows; pre-period requests (``ts < spec.start``) are summed per unit, whatever
+their variant, and attached to the unit's rows (:func:`attach_pre`), as CUPED's covariate.
+Requests at or after ``spec.end`` (``analysis.end``, or a ship: every later unit gets the
+shipped variant) are no part of the analysis.
 """
 
 from __future__ import annotations
@@ -458,12 +460,7 @@ def store_sql(p: UnitPlan, spec: Any, *, final: bool = True, billing: bool = Tru
         exprs.append(f"{_sql_source(s, params)} AS s{i}")
     unit = "r.trace_id" if spec.request_randomized else "r.unit_id"
     good = good_sql(p.slos, params)
-    if spec.start:  # epoch milliseconds, compared as the offline path compares them
-        params["start_ms"] = start_ms(spec.start)
-        in_period = "toUnixTimestamp64Milli(r.ts) >= {start_ms:Int64}"
-        pre_period = "toUnixTimestamp64Milli(r.ts) < {start_ms:Int64}"
-    else:
-        in_period, pre_period = "1", "0"
+    in_period, pre_period = period_sql(spec, params)
     seg_exprs, seg_keys = [], []
     for j, dim in enumerate(p.segments):
         params[f"dim{j}"] = dim
@@ -568,10 +565,7 @@ def shadow_sql(spec: Any, sources: tuple[str, ...], *, final: bool = True, billi
         exprs = [e.replace(_BILLED_COST, f"r.{COST}") for e in exprs]
     good = good_sql(spec.slos, params)
     unit = "r.trace_id" if spec.request_randomized else "r.unit_id"
-    in_period = "1"
-    if spec.start:
-        params["start_ms"] = start_ms(spec.start)
-        in_period = "toUnixTimestamp64Milli(r.ts) >= {start_ms:Int64}"
+    in_period, _ = period_sql(spec, params)
     valid = f"""r.experiment = {{experiment:String}} AND r.variant IN {{variants:Array(String)}}
               AND r.trace_id != '' AND {unit} != '' AND {in_period} AND {valid_sql()}"""
     # the primaries worth reading: those some shadow names (a superset without FINAL is as good a filter)
@@ -615,17 +609,36 @@ def shadow_sql(spec: Any, sources: tuple[str, ...], *, final: bool = True, billi
     return ShadowSQL(probe, pairs, requests, params, tuple(sources))
 
 
-def start_ms(text: str) -> int:
+def start_ms(text: str, name: str = "start") -> int:
     """``spec.start`` (ISO-8601; UTC when it names no zone) in epoch milliseconds."""
     from datetime import datetime
 
     try:
         moment = datetime.fromisoformat(str(text).replace(" ", "T"))
     except ValueError:
-        raise ValueError(f"start: not an ISO-8601 time: {text!r}") from None
+        raise ValueError(f"{name}: not an ISO-8601 time: {text!r}") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
     return int(round(moment.timestamp() * 1000))
+
+
+def end_ms(text: str) -> int:
+    """``spec.end`` (ISO-8601, exclusive) in epoch milliseconds, rounded as :func:`start_ms`."""
+    return start_ms(text, "end")
+
+
+def period_sql(spec: Any, params: dict[str, Any]) -> tuple[str, str]:
+    """(in-period, pre-period) conditions on ``r.ts`` for the spec's window, in epoch
+    milliseconds as the offline path compares them; binds ``start_ms`` / ``end_ms``."""
+    bounds, pre_period = [], "0"
+    if spec.start:
+        params["start_ms"] = start_ms(spec.start)
+        bounds.append("toUnixTimestamp64Milli(r.ts) >= {start_ms:Int64}")
+        pre_period = "toUnixTimestamp64Milli(r.ts) < {start_ms:Int64}"
+    if getattr(spec, "end", None):
+        params["end_ms"] = end_ms(spec.end)
+        bounds.append("toUnixTimestamp64Milli(r.ts) < {end_ms:Int64}")
+    return " AND ".join(bounds) or "1", pre_period
 
 
 # --- the rollup rendering (unit_stats / unit_segment_stats, migrations 0006–0013) -------
@@ -697,6 +710,8 @@ def rollup_column(col: UnitColumn, params: dict[str, Any], prefix: str = "") -> 
 def rollup_unsupported(p: UnitPlan, spec: Any, builtin: tuple[str, ...] = UNIT_COLUMNS) -> str | None:
     """Why the rollup cannot serve this plan (None: it can, given no pre-``start`` requests).
     ``builtin``: the columns the rollup stores by name."""
+    if getattr(spec, "end", None):
+        return "an analysis end (the rollup holds all-time sums; requests after the end would count)"
     if spec.request_randomized:
         return "request-randomized (each request is its own unit)"
     for h in p.histograms:

@@ -76,11 +76,12 @@ class StoreReads:
         got = self._columns(sql.pre, sql.params)
         return got if got["unit"].size else None
 
-    def exposures(self, experiment: str, *, final: bool = True) -> dict[str, int]:
+    def exposures(self, experiment: str, *, final: bool = True, end_ms: int | None = None) -> dict[str, int]:
+        before = "" if end_ms is None else "AND toUnixTimestamp64Milli(ts) < {end_ms:Int64} "
         rows = self._client.query(
             f"SELECT toString(variant), uniqExact(unit_id) FROM raw_events {'FINAL' if final else ''} "
-            "WHERE type = 'exposure' AND experiment = {experiment:String} GROUP BY variant",
-            parameters={"experiment": experiment},
+            f"WHERE type = 'exposure' AND experiment = {{experiment:String}} {before}GROUP BY variant",
+            parameters={"experiment": experiment, **({} if end_ms is None else {"end_ms": end_ms})},
         ).result_rows
         return {str(v): int(n) for v, n in rows}
 

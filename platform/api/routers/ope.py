@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends
 from pydantic import BaseModel, ConfigDict, Field
 
 from ablab.platform.analytics import service as analytics
-from ablab.platform.api.deps import CurrentExperiment, StateDep, Viewer
+from ablab.platform.api.deps import CurrentExperiment, SessionDep, StateDep, Viewer
 from ablab.platform.api.ports import AnalyticsBackend
 from ablab.platform.api.problems import responses
 from ablab.platform.errors import Invalid, NotFound, Unavailable
@@ -66,7 +66,7 @@ class OpeResult(BaseModel):
 
 
 @router.post("/{key}/ope", response_model=OpeResult, responses=_ERRORS)
-def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, body: OpeRequest) -> dict[str, Any]:
+def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, session: SessionDep, body: OpeRequest) -> dict[str, Any]:
     """What the candidate policy would have achieved on the logged requests: IPS, SNIPS and
     doubly robust estimates with 95 % intervals over randomization units, the effective sample
     size, and a warning where the candidate picks arms the logs never tried."""
@@ -74,7 +74,7 @@ def experiment_ope(_: Viewer, exp: CurrentExperiment, store: Store, body: OpeReq
     from ablab.platform.policy.model import PolicyModel
     from ablab.platform.policy.spec import PolicyInvalid
 
-    spec = analytics.stats_spec(exp)
+    spec = analytics.stats_spec(exp, ship=analytics.ship_of(session, exp))  # after a ship: the logs before it
     model = None
     if body.model is not None:
         try:

@@ -30,8 +30,9 @@ _METRIC_EXAMPLES = f"e.g. {fields.HEADLINE_LATENCY}, {fields.SLA_LATENCY}, error
 
 
 @router.get("/{key}/results", response_model=Results, responses=_ERRORS)
-def experiment_results(_: Viewer, exp: CurrentExperiment, store: Store) -> Results:
-    return analytics.results(store, exp)
+def experiment_results(_: Viewer, exp: CurrentExperiment, store: Store, session: SessionDep) -> Results:
+    """After a ship, the comparison before it (``window``): later units all get the shipped variant."""
+    return analytics.results(store, exp, ship=analytics.ship_of(session, exp))
 
 
 @router.get("/{key}/timeseries", response_model=Timeseries, responses=_ERRORS)
@@ -39,11 +40,13 @@ def experiment_timeseries(
     _: Viewer,
     exp: CurrentExperiment,
     store: Store,
+    session: SessionDep,
     metric: Annotated[str, Query(max_length=64, description=_METRIC_EXAMPLES)] = fields.HEADLINE_LATENCY,
 ) -> dict[str, Any]:
-    return analytics.timeseries(store.window_rows(exp.key), exp, metric=metric)
+    end = analytics.windows_end(analytics.ship_of(session, exp))  # after a ship: the windows before it
+    return analytics.timeseries(store.window_rows(exp.key, end=end), exp, metric=metric)
 
 
 @router.get("/{key}/attribution", response_model=Attribution, responses=_ERRORS)
 def experiment_attribution(_: Viewer, exp: CurrentExperiment, store: Store, session: SessionDep) -> Attribution:
-    return analytics.attribution(store, factors.with_declared_defaults(session, exp))
+    return analytics.attribution(store, factors.with_declared_defaults(session, exp), ship=analytics.ship_of(session, exp))

@@ -53,8 +53,8 @@ def ship(
     def results_of(exp: ExperimentRead) -> Results:
         from ablab.platform.analytics import service as analytics
 
-        assert store is not None
-        return analytics.results(store, exp, settings=state.settings)
+        assert store is not None  # after an earlier ship: its comparison, as the results route reads it
+        return analytics.results(store, exp, settings=state.settings, ship=analytics.ship_of(session, exp))
 
     try:
         shipped = ship_variant(

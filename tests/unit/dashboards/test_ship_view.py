@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from ablab.dashboards.views.ship import confirm_text, shippable, shipped_text
+from ablab.dashboards.views.ship import confirm_text, shippable, shipped_text, window_text
 from ablab.platform.analytics.schemas import Results
 
 RESULT: dict[str, Any] = {
@@ -46,6 +46,18 @@ def test_the_banner_names_the_ship_and_escapes_user_text() -> None:
     forced = shipped_text({**SHIPPED, "variant": "[x](http://e.example)", "forced": True, "decision": "no_ship",
                            "reason": "<b>now</b>"})
     assert "](" not in forced and "<b>" not in forced and "**forced**" in forced
+
+
+def test_after_a_ship_the_panel_reads_the_results_window() -> None:
+    window = {"start": "2026-12-01T00:00:00+00:00", "end": "2026-12-06T05:00:00+00:00",
+              "shipped": {"variant": "b", "at": "2026-12-06T05:00:00+00:00", "phase": 2}}
+    result = Results.model_validate({**RESULT, "window": window}).model_dump(mode="json")
+    text = window_text(SHIPPED, result)
+    assert "comparison before the ship: events from 2026-12-01 00:00:00 UTC until 2026-12-06 05:00:00 UTC" in text
+    assert "the phases before phase 2" in text and "every unit on b, is not in them" in text
+    assert "audit log (action ship)" in text
+    escaped = window_text({**SHIPPED, "variant": "[x](http://e.example)"}, RESULT)  # results read before the ship
+    assert "left out" in escaped and "](" not in escaped
 
 
 class Client:
@@ -91,7 +103,7 @@ def test_ship_asks_for_confirmation_then_ships() -> None:
     _button(at, "Confirm: ship b").click().run()
     assert client.calls == [("x", "b", False, "")]
     assert at.success and at.success[0].value.startswith("**Shipped b**")
-    assert any("include traffic after the ship" in c.value for c in at.caption)
+    assert any("traffic since it, every unit on b, is left out" in c.value for c in at.caption)
     assert not [b for b in at.button if b.label.startswith("🚀")]  # shipped: no button any more
 
 

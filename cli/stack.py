@@ -116,6 +116,8 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None,
     host, _, port = settings.kafka_bootstrap.rpartition(":")
     api = f"http://{settings.api_host}:{settings.api_port}"
     env = {"ABLAB_HOME": str(settings.home), "ABLAB_API_URL": api}
+    if demo:
+        api_env = {**_demo_api_env(), **(api_env or {})}
     services = [
         Service("kafka", [ablab, "kafka", "start", "--heap-mb", "384"], tcp_open(host or "127.0.0.1", int(port)),
                 env=env, detaches=True, stop_argv=[ablab, "kafka", "stop"]),
@@ -152,6 +154,16 @@ def _services(settings: Settings, demo: bool, tokens: dict[str, str] | None,
                                     lambda: True, env=sdk_env))
         services.extend(_llm_services(settings, api, sdk_env, events_file))
     return services
+
+
+DEMO_POLICY_REFIT_S = 60
+
+
+def _demo_api_env() -> dict[str, str]:
+    """The demo API refits demo-llm's router every minute, not every 5 (the default), so within
+    a demo the router leaves uniform exploration once each arm has 30 graded answers (about
+    6 minutes of traffic); a value set in the environment wins."""
+    return {} if "ABLAB_POLICY_REFIT_S" in os.environ else {"ABLAB_POLICY_REFIT_S": str(DEMO_POLICY_REFIT_S)}
 
 
 def _llm_services(settings: Settings, api: str, sdk_env: dict[str, str], events_file) -> list:

@@ -10,7 +10,16 @@ delayed ``feedback`` event joined by that trace id. Half the requests stream.
 Two workloads (``ablab llm-traffic --workload``), each sending ``X-Ablab-Attr-Workload``,
 which the demo experiments target:
 
-- ``qa`` (``demo-llm``): one question with known answers per request;
+- ``qa`` (``demo-llm``): one question with known answers per request. A share of them
+  (:data:`CONTEXT_SHARE`) carries a neutral context preamble before the question
+  (:func:`qa_prompt`): :data:`CONTEXT_SENTENCES` (min, max) sentences of :data:`FILLER`, a
+  few hundred tokens of notes about an imaginary reading room that name no answer of any
+  question, so the answer does not change but the prompt is long. Whether a request has one,
+  and which sentences in which order, is drawn from the loop's seeded ``random.Random``:
+  the same seed sends the same prompts. The order varies per request so llama.cpp's prefix
+  cache cannot hide the length. This spreads ``prompt_tokens`` (about 15 tokens without,
+  150-400 with), the feature the ``router`` variant of ``demo-llm`` chooses by: prefill on
+  SmolLM2 costs milliseconds per token, so long prompts are the ones a TTFT SLO binds on.
 - ``dialogue`` (``demo-llm-dialogue``): a multi-turn conversation per request. Facts about
   the user (name, city, favourite colour) are stated in its first two turns, a few filler
   turns follow (questions from ``QUESTIONS`` with canned assistant answers), and the last
@@ -60,6 +69,45 @@ QUESTIONS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("What is the opposite of hot?", ("cold",)),
 )
 _WORD = re.compile(r"[a-z0-9\-]+")
+
+# The qa workload's neutral context: sentences that say nothing any question asks about and
+# contain no accepted answer as a word (a test holds this), so a reply that echoes them is
+# never graded right by accident.
+FILLER: tuple[str, ...] = (
+    "The reading room on the upper floor is quiet in the late afternoon.",
+    "Visitors leave their coats on the hooks by the door before they sit down.",
+    "A long wooden table runs along the window, with lamps at both ends.",
+    "The shelves near the stairs hold old maps, atlases and travel journals.",
+    "Most people who come here bring a notebook and a pencil.",
+    "The librarian keeps a small bell on her desk for anyone who needs help.",
+    "In the corner there is a reading chair that nobody ever seems to use.",
+    "Books that are returned late are placed on a trolley beside the entrance.",
+    "The heating pipes make a soft ticking noise when the building warms up.",
+    "A poster on the wall lists the rules about food, drink and phone calls.",
+    "Some regular readers have their favourite seats and arrive early to get them.",
+    "The newspapers are hung on wooden poles so that they do not get creased.",
+    "Students often work here in pairs, whispering over the same page.",
+    "On the bottom shelf there is a box of lost gloves, scarves and umbrellas.",
+    "The catalogue cards are still kept in narrow drawers, although few people use them.",
+    "A clock above the door is a few minutes slow, and everybody knows it.",
+    "The staircase creaks on the third step, so people tend to skip it.",
+    "A window at the back looks onto a courtyard with a single bench.",
+    "Quiet conversations are allowed in the hall but not between the shelves.",
+    "The room closes a little earlier on public holidays.",
+)
+CONTEXT_SHARE = 0.5  # of qa requests carry a context preamble
+CONTEXT_SENTENCES = (8, 20)  # sentences of FILLER in a preamble: about 120-330 tokens
+
+
+def qa_prompt(rng: random.Random, question: str, *, share: float = CONTEXT_SHARE,
+              sentences: tuple[int, int] = CONTEXT_SENTENCES) -> tuple[str, int]:
+    """The user turn of one qa request and how many filler sentences precede the question
+    (0: the question alone). Draws from ``rng`` whether there is a preamble, then its length
+    and its sentences in order, so one seed gives one sequence of prompts."""
+    if rng.random() >= share:
+        return question, 0
+    picked = rng.sample(FILLER, rng.randint(*sentences))
+    return "Some notes that do not matter for the question: " + " ".join(picked) + f"\n\nQuestion: {question}", len(picked)
 
 
 def grade(text: str, answers: tuple[str, ...]) -> bool:
@@ -196,13 +244,15 @@ def run_llm_traffic(
                 question, answers = conversation.question, (conversation.answer,)
                 unit = f"dialogue-user-{rng.randrange(users)}"
                 stream = False
+                prompt, context = question, 0
             else:
                 question, answers = rng.choice(QUESTIONS)
                 unit = f"llm-user-{rng.randrange(users)}"
                 stream = rng.random() < 0.5
+                prompt, context = qa_prompt(rng, question)
             result.sent += 1
             try:
-                text, ablab, e2e_ms = ask(client, question=question, unit=unit, stream=stream, workload=workload,
+                text, ablab, e2e_ms = ask(client, question=prompt, unit=unit, stream=stream, workload=workload,
                                           messages=list(conversation.messages) if conversation else None)
             except openai.APIError as exc:  # the backend is down or slow: counted, the gateway emits the error event
                 result.failed += 1
@@ -221,6 +271,8 @@ def run_llm_traffic(
                     if conversation is not None:
                         record.update(workload=workload, asked=conversation.asked, turns=len(conversation.messages),
                                       variant=ablab.get("variant"))
+                    else:  # how long the prompt was, for reading accuracy by length from the ledger
+                        record["context_sentences"] = context
                     out.write(json.dumps(record) + "\n")
                     out.flush()
             time.sleep(min(rng.expovariate(rate), max(0.0, end - time.monotonic())))

@@ -174,7 +174,7 @@ def test_demo_yaml_applies_and_the_llm_experiments_split_the_gateways_traffic_by
         seen["demo-llm"].add(qa[0].variant)
         seen["demo-llm-dialogue"].add(dialogue[0].variant)
         assert not [a for a in assign(config, f"llm-user-{i}") if a.experiment in llm]  # no workload: neither
-    assert seen == {"demo-llm": {"helpful-t0", "helpful-t1", "terse-t0", "terse-t1"},
+    assert seen == {"demo-llm": {"helpful-t0", "helpful-t1", "terse-t0", "terse-t1", "router"},
                     "demo-llm-dialogue": {"state-off", "state-on"}}
     published = {e["key"]: e for e in payload["experiments"]}
     shadow = published["demo-llm"]["shadow"]

@@ -85,19 +85,20 @@ def _dummies(levels: Levels, control: str, factors: Sequence[str]) -> list[tuple
 def _design(levels: Levels, variants: Sequence[str], control: str, factors: Sequence[str]) -> tuple[list[Term], FloatArray]:
     """Treatment-coded design with the identifiable interactions (greedy by order, full rank kept)."""
     dummies = _dummies(levels, control, factors)
-    indicator = {d: np.array([1.0 if levels[v].get(d[0]) == d[1] else 0.0 for v in variants]) for d in dummies}
+    # by position: a level may be a mapping (a policy variant's whole policy), which is unhashable
+    indicator = [np.array([1.0 if levels[v].get(d[0]) == d[1] else 0.0 for v in variants]) for d in dummies]
     terms: list[Term] = [()]
     cols = [np.ones(len(variants))]
     for order in range(1, len(factors) + 1):
-        for combo in itertools.combinations(dummies, order):
-            if len({f for f, _ in combo}) < order:
+        for combo in itertools.combinations(range(len(dummies)), order):
+            if len({dummies[i][0] for i in combo}) < order:
                 continue  # two levels of one factor never co-occur
-            col = np.prod([indicator[d] for d in combo], axis=0)
+            col = np.prod([indicator[i] for i in combo], axis=0)
             if not col.any():
                 continue
             trial = np.column_stack([*cols, col])
             if np.linalg.matrix_rank(trial) == trial.shape[1]:
-                terms.append(combo)
+                terms.append(tuple(dummies[i] for i in combo))
                 cols.append(col)
     return terms, np.column_stack(cols)
 

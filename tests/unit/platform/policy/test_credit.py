@@ -192,3 +192,18 @@ def test_a_router_without_enough_logs_is_evaluated_as_uniform(env) -> None:
     assert any("evaluated as uniform" in n for n in c.notes)
     # a uniform decider sees no feature: every credit is zero
     assert all(f.credit == pytest.approx(0.0, abs=1e-12) for f in c.features)
+
+
+def test_attribution_of_an_experiment_with_a_policy_variant(sim) -> None:
+    """A policy variant's factor level is its whole policy (a mapping): the factorial design
+    takes it like any level, and ``attribution.policies`` goes beside it."""
+    from ablab.platform.stats.attribution import attribution_results
+    from ablab.platform.stats.offline import aggregate_events
+
+    spec = sim["spec"]
+    result = attribution_results(spec=spec, stats=aggregate_events(sim["table"], spec).stats)
+    effects = result.factorial["accuracy"].effects
+    assert [e.factors for e in effects] == [["policy"]] and effects[0].estimate == pytest.approx(
+        sim["credit"].gain.estimate, rel=1e-9)  # one factor, two variants: the effect is the measured gain
+    result.policies = [sim["credit"]]
+    assert Attribution.model_validate(result.model_dump(mode="json")).policies == [sim["credit"]]

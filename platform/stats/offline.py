@@ -269,8 +269,8 @@ def aggregate_events(events: Any, spec: ExperimentSpec) -> OfflineAggregates:
     early = (ts < ua.start_ms(spec.start)) if spec.start else np.zeros(n, dtype=bool)
     # at or after the analysis end (analysis.end, or a ship) nothing is the experiment's, as in the store's scan
     late = (ts >= ua.end_ms(spec.end)) if spec.end else np.zeros(n, dtype=bool)
-    if spec.end:
-        quality["after_end_events"] = int((mine & late).sum())
+    if spec.end:  # requests and exposures left out; a label still counts for its request, whenever it came
+        quality["after_end_events"] = int((mine & late & (of_type("inference") | of_type("exposure"))).sum())
     pre = inf & early
     inf &= ~pre & ~late
     shd &= ~early & ~late  # a pre-period shadow is compared with nothing

@@ -168,3 +168,19 @@ def test_results_read_logged_events_once_and_only_with_a_policy_variant(sim) -> 
     assert store.reads == 1 and got == [_router(sim)]
     plain = parse_spec({"key": "sim", "control": "control", "variants": [{"key": "control"}, {"key": "t"}]})
     assert policy_breakdowns(store, plain) is None and store.reads == 1  # type: ignore[arg-type]
+
+
+def test_ablab_analyze_json_carries_the_breakdown(sim) -> None:
+    import yaml
+    from typer.testing import CliRunner
+
+    from ablab.cli import app
+
+    root: Path = sim["root"]
+    spec = {"key": "sim", "control": "control", "metrics": {"primary": "accuracy"},
+            "variants": [{"key": v.key, "weight": v.weight, "strategy": dict(v.strategy)} for v in sim["spec"].variants]}
+    (root / "exp.yaml").write_text(yaml.safe_dump(spec, sort_keys=False))  # arms in the policy's order
+    done = CliRunner().invoke(app, ["analyze", str(root / "events.parquet"), "--config", str(root / "exp.yaml"), "--json"])
+    assert done.exit_code == 0, done.output
+    doc = json.loads(done.stdout[done.stdout.index("{"):])
+    assert doc["policies"] == [_router(sim).model_dump(mode="json")]

@@ -1,10 +1,13 @@
-"""Serving a policy variant, per request: the one helper the gateway and the SDK share.
+"""Serving a policy variant, per request: the one helper the gateway, the SDK and
+``POST /v1/assign`` share.
 
 A :class:`PolicyServer` keeps one :class:`~.evaluate.Decider` per (experiment, variant),
 rebuilt only when the variant's policy mapping or its model changes (by identity: a config
 refresh hands new objects, an unchanged config the same ones), so a request costs a dict
 lookup, the features and one decision. A model that fails to load keeps the previous decider
-(or the uniform one) and is counted in ``failures``.
+(or the uniform one) and is counted in ``failures``; a refresh's equal copy of the policy
+counts as the same policy, so that previous decider survives the refresh that brought the
+broken model.
 
 What a request logs (docs/policies.md, "What a policy request logs"): ``arm``,
 ``propensity`` and ``policy_version`` on its exposure and inference events, and on the
@@ -135,6 +138,8 @@ class PolicyServer:
         e = self.entries.get(key)
         if e is not None and e.policy_src is policy and e.model_src is model:
             return e
+        if e is not None and e.policy_src is not policy and e.policy_src == policy:
+            e.policy_src = policy  # a refreshed config's copy of the same policy: its decider stands
         if e is None or e.policy_src is not policy:
             try:
                 parsed = parse_policy(policy)

@@ -259,3 +259,27 @@ def test_the_decision_strategy_is_merged_with_the_units_other_assignments_as_the
         assert rule["decision"]["strategy"]["params"] == {"temperature": 0.9}
         seen += 1
     assert seen == 10
+
+
+def test_a_model_that_fails_to_load_keeps_the_previous_one_and_is_counted(api: Api) -> None:
+    class Corrupt:  # a stored model whose content no longer matches its version
+        version = "0123456789abcdef"
+
+        @staticmethod
+        def to_json() -> str:
+            return json.dumps({**json.loads(MODEL.to_json()), "trained_on": 1})
+
+    (unit,) = _units(api, "router", 1)
+
+    def version() -> str:
+        (a,) = api.post("/v1/assign", {"unit_id": unit, "experiments": ["exp"]}).json()["assignments"]
+        return str(a["decision"]["policy_version"])
+
+    api.publish("exp", "router", Corrupt)  # type: ignore[arg-type]
+    assert version() == f"uniform:{ROUTER.content_hash}"  # none before it: uniform, and the request is served
+    api.publish("exp", "router", MODEL)
+    assert version() == MODEL.version
+    api.publish("exp", "router", Corrupt)  # type: ignore[arg-type]
+    assert api.get("/v1/sdk/config", "sdk").json()["policy_models"][0]["version"] == Corrupt.version
+    assert version() == MODEL.version  # the previous model stays in force
+    assert api.client.app.state.ablab_policies.failures == {"model": 2}

@@ -32,6 +32,18 @@ def test_deciders_are_cached_and_a_bad_model_keeps_the_previous_one() -> None:
     assert server.entry("e", "x", {"kind": "slo_router"}) is None and server.failures["policy"] == 1
 
 
+def test_a_refreshed_configs_copy_of_the_policy_keeps_the_previous_model_when_the_new_one_is_broken() -> None:
+    server = PolicyServer()
+    assert server.entry("e", "v", POLICY, MODEL) is not None
+    copy = json.loads(json.dumps(POLICY))  # a config refresh hands equal policies as new objects
+    kept = server.entry("e", "v", copy, {**MODEL, "version": "0" * 16})
+    assert kept is not None and kept.decider.version == MODEL["version"] and server.failures == {"model": 1}
+    assert server.entry("e", "v", copy, kept.model_src) is kept  # cached under the new objects
+    other = server.entry("e", "v", {**copy, "explore": 0.1}, {**MODEL, "version": "0" * 16})
+    assert other is not None and other.decider.uniform  # another policy: the old model is not its own
+    assert other.policy.explore == 0.1 and server.failures == {"model": 2}
+
+
 def test_a_decision_is_deterministic_and_annotates_only_its_variant() -> None:
     server = PolicyServer()
     counted = []

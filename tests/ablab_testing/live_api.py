@@ -8,7 +8,12 @@ additions, for the dashboard's browser tests::
   one window per variant, right after the experiment's latest window, or the next 10 s from
   now for an experiment with none; the per-unit rollup fed as the loader feeds it): new data
   behind the API, as the loader would have written it, while a browser watches. chDB lets one process
-  own a store, so nothing outside this process could write it.
+  own a store, so nothing outside this process could write it. ``"start"`` (ISO-8601) places
+  the traffic instead: from ``start`` until this moment with ``"until_now": true`` (traffic
+  that already happened, e.g. before a ship), else for ``"duration_s"`` (default 9.9);
+  ``"variants"`` keeps only some of the design's variants (e.g. a shipped winner alone).
+- ``GET /_test/rows?experiment=KEY``: the store's raw events of the experiment per type and
+  variant (what was loaded, whatever results read of it).
 - ``ABLAB_TEST_BUILD_STATE`` (JSON ``{"state", "done", "total"}``) stands in for the
   llama-cpp-python build's state in ``GET /v1/backends`` (``ablab.cli.backends``): whether
   the real wheel is built on this machine does not decide what a test sees.
@@ -28,7 +33,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from fastapi import Body, FastAPI, Request  # at module level: the route's annotations are resolved here
+from fastapi import Body, FastAPI, HTTPException, Request  # at module level: the route's annotations are resolved here
 
 from ablab_testing import ApiServer, _test_key, run_cli, server_ports, support_env, wait_http
 
@@ -57,18 +62,38 @@ def build_app() -> Any:
         latest = store.client.query(
             "SELECT max(window_start) FROM window_stats WHERE experiment = {e:String}", parameters={"e": experiment}
         ).result_rows[0][0]
-        if latest is None or latest.year < 2000:  # no window yet (ClickHouse's max of nothing is the epoch)
+        duration_s = float(body.get("duration_s", 9.9))
+        if body.get("start"):
+            start = datetime.fromisoformat(str(body["start"]).replace("Z", "+00:00"))
+            if body.get("until_now"):
+                duration_s = (datetime.now(UTC) - start).total_seconds()
+                if duration_s <= 0:
+                    raise HTTPException(422, f"start: {start.isoformat()} is not in the past")
+        elif latest is None or latest.year < 2000:  # no window yet (ClickHouse's max of nothing is the epoch)
             now = datetime.now(UTC).replace(microsecond=0)
             start = now + timedelta(seconds=10 - now.second % 10)  # the next window: after the experiment's start
         else:
             start = (latest.replace(tzinfo=UTC) if latest.tzinfo is None else latest) + timedelta(seconds=10)
             start = start.replace(microsecond=0)
+        design = DESIGNS[str(body.get("design", "factorial"))]
+        if body.get("variants"):
+            design = {k: v for k, v in design.items() if k in body["variants"]}
         counts = write_events(store.client, experiment=experiment, n_requests=int(body.get("requests", 200)),
-                              n_units=int(body.get("units", 200)), start=start, duration_s=9.9,
-                              variants=DESIGNS[str(body.get("design", "factorial"))], seed=int(start.timestamp()) % 10_000,
+                              n_units=int(body.get("units", 200)), start=start, duration_s=duration_s,
+                              variants=design, seed=int(start.timestamp()) % 10_000,
                               segments=bool(body.get("segments", False)), trace_suffix=f"-w{int(start.timestamp())}",
                               feed_rollup=True)
         return {**counts, "window_start": start.isoformat()}
+
+    @app.get("/_test/rows", include_in_schema=False)
+    def rows(request: Request, experiment: str) -> dict[str, dict[str, int]]:
+        found = request.app.state.ablab.analytics.client.query(
+            "SELECT toString(type), toString(variant), count() FROM raw_events FINAL WHERE experiment = {e:String} "
+            "GROUP BY type, variant", parameters={"e": experiment}).result_rows
+        out: dict[str, dict[str, int]] = {}
+        for kind, variant, n in found:
+            out.setdefault(str(kind), {})[str(variant)] = int(n)
+        return out
 
     return app
 

@@ -1,13 +1,17 @@
-"""Shipping a winner over real HTTP (issue 33 item 5): a real API process (``ablab api``) on a
-real config database (SQLite, and PostgreSQL under the marker), reading real results from
-its chDB store, seeded with synthetic traffic (INT8 20 % faster than the control) as the
-loader and the stream job would have written it.
+"""Shipping a winner over real HTTP (issue 33 item 5): a real API process (the product's app,
+served by ``ablab_testing.live_api`` for its loopback route that writes traffic into the store
+the API owns) on a real config database (SQLite, and PostgreSQL under the marker), reading
+real results from its chDB store, with synthetic traffic (INT8 20 % faster than the control)
+as the loader and the stream job would have written it.
 
 ``POST /v1/experiments/{key}/ship`` ships INT8 once its decision is ``ship``; then the SDK
 config (new revision and ETag, INT8 alone weighted, a new phase), the audit log (who, the
 decision and its evidence) and assignment (``/v1/assign/batch`` and the SDK's local assign,
-for 2,000 units) all follow, and a retry is the same event. Refused: a variant with no win
-yet, one that harms a guardrail, a viewer's token; ``ablab ship`` says the same.
+for 2,000 units) all follow, and a retry is the same event. After the ship, traffic arrives
+for INT8 alone (every unit on it); results still compare the phases before the ship: no
+split mismatch, the same decision, the same numbers, and ``window.shipped`` says so. Refused:
+a variant with no win yet, one that harms a guardrail, a viewer's token; ``ablab ship`` says
+the same.
 """
 
 from __future__ import annotations
@@ -16,11 +20,13 @@ import os
 import subprocess
 import textwrap
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
-from ablab_testing import ABLAB, ApiServer, run_child_json, start_api, stop_api, wait_for
+from ablab_testing import ABLAB, ApiServer, run_child_json, stop_api, wait_for
+from ablab_testing.live_api import start_live_api
 
 pytestmark = pytest.mark.integration
 
@@ -50,24 +56,51 @@ def _body(key: str, **extra: object) -> dict:
 @pytest.fixture(scope="module")
 def ship_api(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     home = tmp_path_factory.mktemp("ship-home")
-    run_child_json(SEED, str(home), WIN, HARM, timeout=300)  # chDB: one owner per store, so seed before the API
-    server = start_api(database_url, home, extra_env={
+    run_child_json(SEED, str(home), HARM, timeout=300)  # chDB: one owner per store, so seed before the API
+    server = start_live_api(database_url, home, extra_env={
         "ABLAB_ANALYTICS": "true", "ABLAB_RUN_LOADER": "false", "ABLAB_GUARDRAIL_INTERVAL_S": "0"})
     try:
         with server.client("editor") as c:
             for body in (_body(WIN), _body(HARM, guardrails=[{"metric": "ttft_ms", "max": 1.0}]), _body(FLAT)):
                 c.post("/v1/experiments", json=body).raise_for_status()
                 c.post(f"/v1/experiments/{body['key']}/start").raise_for_status()
+            started = _at(c.get(f"/v1/experiments/{WIN}").json()["started_at"])
+        # WIN's traffic happened between its start and now, so a ship from now on comes after it
+        _traffic(server, start=started + timedelta(milliseconds=2), until_now=True, requests=6000, units=1500)
         yield server
     finally:
         stop_api(server)
 
 
-def _decision(server: ApiServer, key: str) -> dict:
+def _at(text: str) -> datetime:
+    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
+
+
+def _traffic(server: ApiServer, **body: object) -> dict:
+    """WIN's synthetic traffic written into the store the API owns (``ablab_testing.live_api``)."""
+    r = httpx.post(f"{server.base_url}/_test/windows", timeout=120, json={
+        "experiment": WIN, "design": "pair", **{k: v.isoformat() if isinstance(v, datetime) else v for k, v in body.items()}})
+    r.raise_for_status()
+    return r.json()
+
+
+def _rows(server: ApiServer, key: str) -> dict[str, dict[str, int]]:
+    """The experiment's raw events in the store, per type and variant, whatever results read of them."""
+    r = httpx.get(f"{server.base_url}/_test/rows", params={"experiment": key}, timeout=30)
+    r.raise_for_status()
+    return r.json()
+
+
+def _results(server: ApiServer, key: str) -> dict:
     with server.client("viewer") as c:
         r = c.get(f"/v1/experiments/{key}/results")
     assert r.status_code == 200, r.text
-    return next(d for d in r.json()["decisions"] if d["variant"] == "int8")
+    return r.json()
+
+
+def _decision(server: ApiServer, key: str) -> dict:
+    return next(d for d in _results(server, key)["decisions"] if d["variant"] == "int8")
 
 
 def _assigned_by_api(server: ApiServer, key: str) -> dict[str, int]:
@@ -115,8 +148,10 @@ def test_refused_without_a_win_with_a_harmed_guardrail_or_a_viewer_token(ship_ap
 def test_a_shipped_winner_is_followed_by_the_sdk_config_the_audit_log_and_assignment(ship_api: ApiServer) -> None:
     from ablab.platform.sdk.client import AblabClient
 
-    decision = _decision(ship_api, WIN)
+    compared = _results(ship_api, WIN)
+    decision = next(d for d in compared["decisions"] if d["variant"] == "int8")
     assert decision["decision"] == "ship", decision  # the fixture's traffic is decisive
+    assert compared["window"]["end"] is None and compared["window"]["shipped"] is None
     with ship_api.client("sdk") as c:
         config = c.get("/v1/sdk/config")
     etag, revision = config.headers["ETag"], config.json()["revision"]
@@ -166,6 +201,31 @@ def test_a_shipped_winner_is_followed_by_the_sdk_config_the_audit_log_and_assign
     int8 = next(r for r in evidence["primary"] if r["variant"] == "int8")
     assert int8["rel_diff"] < 0 and int8["p_value_adjusted"] < 0.05
     assert status["shipped"] == ship
+
+    # after the ship, traffic arrives for INT8 alone (every unit on it, exposures too) ...
+    loaded = _rows(ship_api, WIN)
+    _traffic(ship_api, start=_at(ship["at"]) + timedelta(seconds=1), duration_s=60, variants=["int8"],
+             requests=3000, units=1500)
+    wait_for(lambda: _rows(ship_api, WIN)["inference"].get("int8", 0) >= loaded["inference"]["int8"] + 3000,
+             timeout_s=60, what="the post-ship traffic to be in the store")
+    now = _rows(ship_api, WIN)
+    assert now["inference"]["control"] == loaded["inference"]["control"]
+    assert now["exposure"]["int8"] > loaded["exposure"]["int8"]
+    # ... and results still compare the phases before the ship: no split mismatch, the same
+    # decision and numbers, and the window says why
+    after = _results(ship_api, WIN)
+    assert not after["srm"]["flagged"] and after["srm"]["observed"] == compared["srm"]["observed"], after["srm"]
+    assert next(d for d in after["decisions"] if d["variant"] == "int8")["decision"] == "ship"
+    for a, b in zip(after["metrics"], compared["metrics"], strict=True):  # (the rollup then, the raw scan now)
+        assert (a["metric"], a["variant"], a["n"], a["units"]) == (b["metric"], b["variant"], b["n"], b["units"])
+        assert a["estimate"] == b["estimate"] or a["estimate"] == pytest.approx(b["estimate"], rel=1e-9), (a, b)
+    shipped_window = after["window"]["shipped"]
+    assert (shipped_window["variant"], shipped_window["phase"]) == ("int8", 2)
+    assert _at(shipped_window["at"]) == _at(after["window"]["end"]) == _at(ship["at"])
+    with ship_api.client("viewer") as c:  # the time series ends with the last window before the ship
+        series = c.get(f"/v1/experiments/{WIN}/timeseries").json()["series"]
+    # (the post-ship windows are in the store: the route wrote them with the traffic)
+    assert all(_at(p["ts"]) + timedelta(seconds=10) <= _at(ship["at"]) for s in series for p in s["points"])
 
     # a retry is the same event: 200, the same ship and phase, no second audit entry
     with ship_api.client("editor") as c:

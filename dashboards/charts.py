@@ -218,14 +218,12 @@ def arm_share_chart(policy: Mapping[str, Any]) -> alt.LayerChart:
 
 
 def credit_frame(credit: Mapping[str, Any]) -> pd.DataFrame:
-    """The policy's gain over its baseline as steps: each arm's contribution, the routing term
-    when given, a rest when the parts do not add up to the gain, then the gain itself."""
+    """The policy's gain over its baseline as steps: each arm's contribution (share × its mean
+    less the baseline's, so they add up to the gain), a rest only if they do not, then the gain.
+    ``routing`` (the policy against its best single arm) is another difference: not a step."""
     metric = str(credit.get("metric", ""))
     rows, running = [], 0.0
     parts = [(f"arm {a.get('arm')}", a.get("contribution"), a.get("ci")) for a in credit.get("arms") or []]
-    routing = credit.get("routing")
-    if isinstance(routing, Mapping) and routing.get("estimate") is not None:
-        parts.append(("routing (the choice per request)", routing.get("estimate"), routing.get("ci")))
     gain = (credit.get("gain") or {}).get("estimate")
     for step, value, ci in parts:
         est = float(value or 0.0)
@@ -245,7 +243,7 @@ def credit_frame(credit: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def credit_chart(credit: Mapping[str, Any]) -> alt.Chart:
-    """Waterfall: the arms' contributions (and routing) stacked up to the policy's gain."""
+    """Waterfall: the arms' contributions stacked up to the policy's gain."""
     metric = str(credit.get("metric", ""))
     df = credit_frame(credit)
     return alt.Chart(df).mark_bar().encode(

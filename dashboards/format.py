@@ -365,13 +365,21 @@ def segment_tables(result: Mapping[str, Any]) -> list[tuple[str, pd.DataFrame, p
 
 
 # -- variants, segments and custom metrics views ----------------------------------------------
+def served(strategy: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    """A strategy as it is served: a policy strategy is its policy alone (the API spells the
+    runtime's defaults beside it on read, which a policy strategy may not hold)."""
+    if isinstance(strategy, Mapping) and isinstance(strategy.get("policy"), Mapping):
+        return {"policy": strategy["policy"]}
+    return strategy
+
+
 def strategy_changes(strategy: Mapping[str, Any] | None, baseline: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The factors a strategy sets away from ``baseline`` (default: the runtime's defaults),
-    flat (``compression.method``), in the strategy's order."""
+    flat (``compression.method``), in the strategy's order; a policy is one factor."""
     from ablab.platform.strategy import Strategy, open_strategy
 
-    mine = open_strategy(strategy).factors()
-    base = open_strategy(baseline).factors() if baseline is not None else Strategy().factors()
+    mine = open_strategy(served(strategy)).factors()
+    base = open_strategy(served(baseline)).factors() if baseline is not None else Strategy().factors()
     return {k: v for k, v in mine.items() if base.get(k) != v}
 
 
@@ -380,6 +388,11 @@ def _level(value: Any) -> str:
         arms = value.get("arms")
         return f"{value['kind']} over {', '.join(map(str, arms))}" if isinstance(arms, Mapping) and arms else str(value["kind"])
     return "—" if value is None else (f"{value:g}" if isinstance(value, float) else str(value))
+
+
+def strategy_summary(strategy: Mapping[str, Any] | None) -> str:
+    """``precision=int8, kv_shards=4``, ``policy=rule over a, b``, or ``baseline``."""
+    return ", ".join(f"{k}={_level(val)}" for k, val in strategy_changes(strategy).items()) or "baseline"
 
 
 def variants_table(exp: Mapping[str, Any], result: Mapping[str, Any]) -> pd.DataFrame:
@@ -392,7 +405,6 @@ def variants_table(exp: Mapping[str, Any], result: Mapping[str, Any]) -> pd.Data
     rows = []
     for v in exp.get("variants") or []:
         key = v["key"]
-        changes = strategy_changes(v.get("strategy"))
         status = "control" if key == exp.get("control") else DECISION_BADGES.get(decisions.get(key, ""), "—")
         rows.append({
             "Variant": key + (" ⏸ paused" if v.get("paused") else ""),
@@ -400,7 +412,7 @@ def variants_table(exp: Mapping[str, Any], result: Mapping[str, Any]) -> pd.Data
             "Units": fmt_count(observed.get(key)),
             "Requests": fmt_count(requests.get(key)),
             "Decision": status,
-            "Strategy": ", ".join(f"{k}={_level(val)}" for k, val in changes.items()) or "baseline",
+            "Strategy": strategy_summary(v.get("strategy")),
         })
     return pd.DataFrame(rows, columns=["Variant", "Weight", "Units", "Requests", "Decision", "Strategy"])
 
@@ -412,7 +424,7 @@ def strategy_table(exp: Mapping[str, Any], variant: str) -> pd.DataFrame:
     control = by_key.get(str(exp.get("control")), {}).get("strategy")
     from ablab.platform.strategy import open_strategy
 
-    control_levels = open_strategy(control).factors()
+    control_levels = open_strategy(served(control)).factors()
     changed = {**strategy_changes(mine), **strategy_changes(mine, control)}
     rows = [{"Factor": k, "This variant": _level(v), "Control": _level(control_levels.get(k))} for k, v in changed.items()]
     return pd.DataFrame(rows, columns=["Factor", "This variant", "Control"])

@@ -15,7 +15,15 @@ import streamlit as st
 
 from ablab.dashboards import forms
 from ablab.dashboards.client import ApiError
-from ablab.dashboards.format import HEADLINE_P95, METRIC_HELP, STATUS_BADGES, fmt_pct, md_escape, metric_label
+from ablab.dashboards.format import (
+    HEADLINE_P95,
+    METRIC_HELP,
+    STATUS_BADGES,
+    fmt_pct,
+    md_escape,
+    metric_label,
+    strategy_summary,
+)
 from ablab.dashboards.views.common import Context, call, field_error, goto
 from ablab.dashboards.views.policy_editor import variant_strategy
 from ablab.dashboards.views.strategy import factors_panel, load_catalog
@@ -23,11 +31,9 @@ from ablab.platform.assignment.targeting import Op
 from ablab.platform.fields import COST_FIELD, FIELDS, HEADLINE_LATENCY, SLA_METRIC, SLO_FIELDS
 from ablab.platform.registry.factors.catalog import FactorCatalog
 from ablab.platform.stats.metrics import METRICS
-from ablab.platform.strategy import Strategy, open_strategy
 
 MAX_VARIANTS = 8
 UNITS = ("user", "session", "request")
-BASELINE = Strategy().factors()
 GUARDRAIL_DEFAULTS = (SLA_METRIC, "accuracy", "error_rate", HEADLINE_P95, COST_FIELD)
 
 
@@ -457,8 +463,7 @@ def _summary(exp: dict[str, Any]) -> None:
     st.subheader("Variants")
     st.dataframe(pd.DataFrame([{"Variant": v["key"] + (" (control)" if v["key"] == exp["control"] else ""),
                                 "Weight": fmt_pct(v["weight"] / (sum(x["weight"] for x in exp["variants"]) or 1), digits=0),
-                                "Strategy": ", ".join(f"{k}={val}" for k, val in open_strategy(v["strategy"]).factors().items()
-                                                      if val != BASELINE.get(k)) or "baseline"}
+                                "Strategy": strategy_summary(v["strategy"])}
                                for v in exp["variants"]]), hide_index=True, width="stretch")
     if exp.get("guardrails"):
         st.subheader("Guardrails")

@@ -93,16 +93,12 @@ def arm_table(policy: Mapping[str, Any]) -> pd.DataFrame:
 
 
 def credit_table(credit: Mapping[str, Any]) -> pd.DataFrame:
-    """Each arm's share of requests, its mean and its contribution to the gain, with intervals."""
+    """Each arm's share of requests, its mean and its contribution to the gain (share × its mean
+    less the baseline's), with intervals."""
     metric = str(credit.get("metric", ""))
     rows = [{"Arm": str(a.get("arm")), "Share": fmt_pct(a.get("share")), "Mean": fmt_value(metric, a.get("mean")),
              "Contribution": fmt_value(metric, a.get("contribution"), signed=True),
              "95% CI": fmt_interval(metric, _pair(a.get("ci"))[:2], signed=True)} for a in credit.get("arms") or []]
-    routing = credit.get("routing")
-    if isinstance(routing, Mapping) and routing.get("estimate") is not None:
-        rows.append({"Arm": "routing (the choice per request)", "Share": "", "Mean": "",
-                     "Contribution": fmt_value(metric, routing.get("estimate"), signed=True),
-                     "95% CI": fmt_interval(metric, _pair(routing.get("ci"))[:2], signed=True)})
     return pd.DataFrame(rows, columns=["Arm", "Share", "Mean", "Contribution", "95% CI"])
 
 
@@ -171,7 +167,14 @@ def _credit(key: str, credits: Sequence[Mapping[str, Any]]) -> None:
                 + ("the parts below add up to it." if closes else "the parts below do not add up to it: the rest is shown apart."))
     st.altair_chart(charts.credit_chart(credit), width="stretch")
     tables.show(credit_table(credit), key=f"{key}_credit", flex=("Arm",))
+    routing = credit.get("routing") or {}
+    if routing.get("estimate") is not None:
+        st.markdown(f"**Routing**: against always its best single arm, the policy gains "
+                    f"{fmt_value(metric, routing.get('estimate'), signed=True)} "
+                    f"{fmt_interval(metric, _pair(routing.get('ci'))[:2], signed=True)} (doubly robust, on its own requests).")
     if credit.get("features"):
+        st.caption("Feature credits: what seeing each feature is worth to the policy (Shapley shares of its value less "
+                   "the value of the same policy blind to its features).")
         st.altair_chart(charts.feature_credit_chart(credit), width="stretch")
         tables.show(feature_table(credit), key=f"{key}_features", flex=("Feature",))
     for note in credit.get("notes") or []:

@@ -18,7 +18,9 @@ SEEDED = "factorial"
 
 @pytest.fixture(scope="session")
 def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    from ablab_testing import policy_seed
     from ablab_testing.dashboard_seed import SEGMENTED_METRICS, experiment_body, seed_in_child
+    from ablab_testing.policy_seed import EXPERIMENT as POLICY_SEEDED
 
     home = tmp_path_factory.mktemp("dash-home")
     # results count the events after the experiment's start (earlier ones are its pre-period),
@@ -26,6 +28,8 @@ def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
     # with a task domain per unit and a tool-call measure: segments and custom metrics to show
     counts = seed_in_child(home=home, experiment=SEEDED, requests=12000, units=2000, begin_in_s=600, segments=True)
     assert counts["raw_events"] > 8000 and counts["window_rows"] > 0
+    routed = policy_seed.seed_in_child(home=home, experiment=POLICY_SEEDED, begin_in_s=600)
+    assert routed["raw_events"] == 8000  # 4,000 requests, each an inference and a label
     # a llama.cpp backend that does not answer: the results page's waiting state names it
     backends = {"smollm2": {"url": f"http://127.0.0.1:{closed_port()}/v1", "kind": "llamacpp"}}
     server = start_api(f"sqlite:///{home / 'ablab.db'}", home,
@@ -36,6 +40,8 @@ def seeded_api(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
             metrics = {"primary": ["e2e_ms"], "slos": {"ttft_ms": 400}, **SEGMENTED_METRICS}
             admin.post("/v1/experiments", json=experiment_body(SEEDED, metrics=metrics)).raise_for_status()
             admin.post(f"/v1/experiments/{SEEDED}/start").raise_for_status()
+            admin.post("/v1/experiments", json=routed["body"]).raise_for_status()
+            admin.post(f"/v1/experiments/{POLICY_SEEDED}/start").raise_for_status()
         yield server
     finally:
         stop_api(server)

@@ -30,7 +30,7 @@ POLICY: dict[str, Any] = {
 CREDIT: dict[str, Any] = {
     "variant": "router", "metric": "accuracy", "baseline": "control", "gain": {"estimate": 0.05, "ci": [0.02, 0.08]},
     "arms": [{"arm": "fast", "share": 0.25, "mean": 0.55, "contribution": -0.01, "ci": [-0.02, 0.0]},
-             {"arm": "expert", "share": 0.75, "mean": 0.8, "contribution": 0.04, "ci": [0.02, 0.06]}],
+             {"arm": "expert", "share": 0.75, "mean": 0.8, "contribution": 0.06, "ci": [0.04, 0.08]}],
     "routing": {"estimate": 0.02, "ci": [0.0, 0.04]},
     "features": [{"feature": "prompt_tokens", "credit": 0.005, "ci": [-0.01, 0.02]},
                  {"feature": "attr.plan", "credit": 0.015, "ci": [0.0, 0.03]}],
@@ -75,15 +75,15 @@ def test_the_share_chart_reads_percentages_with_intervals() -> None:
 
 def test_the_credit_waterfall_ends_at_the_gain() -> None:
     frame = charts.credit_frame(CREDIT)
-    assert list(frame["step"]) == ["arm fast", "arm expert", "routing (the choice per request)", "gain"]
+    assert list(frame["step"]) == ["arm fast", "arm expert", "gain"]  # routing is another difference: no step
     parts = frame[frame["kind"] == "part"]
-    assert abs(parts["contribution"].sum() - 5.0) < 1e-9  # percentage points: -1 + 4 + 2
+    assert abs(parts["contribution"].sum() - 5.0) < 1e-9  # percentage points: -1 + 6
     assert abs(parts["end"].iloc[-1] - frame[frame["kind"] == "gain"]["end"].iloc[0]) < 1e-9
     # parts that do not add up: the rest is its own step, so the bars still end at the gain
-    short = charts.credit_frame({**CREDIT, "routing": None})
+    short = charts.credit_frame({**CREDIT, "gain": {"estimate": 0.07, "ci": [0.0, 0.1]}})
     rest = short[short["kind"] == "rest"]
     assert len(rest) == 1 and abs(rest["contribution"].iloc[0] - 2.0) < 1e-9
-    assert list(policies.credit_table(CREDIT)["Contribution"]) == ["-1.00%", "+4.00%", "+2.00%"]
+    assert list(policies.credit_table(CREDIT)["Contribution"]) == ["-1.00%", "+6.00%"]
     assert list(policies.feature_table(CREDIT)["Feature"]) == ["prompt_tokens", "attr.plan"]
     assert len(charts.feature_credit_frame(CREDIT)) == 2
 
@@ -99,7 +99,7 @@ def test_the_section_shows_shares_slo_arms_and_credit() -> None:
     assert not at.exception, at.exception
     assert [h.value for h in at.subheader] == ["Policy variants: per-arm view"]
     text = " ".join(str(m.value) for m in at.markdown)
-    assert "SLO compliance" in text and "1 unmet" in text and "add up to it" in text
+    assert "SLO compliance" in text and "1 unmet" in text and "add up to it" in text and "**Routing**" in text
     assert len(at.dataframe) == 4  # SLO, per arm, credit, features
     assert list(at.dataframe[1].value["Arm"]) == ["fast", "expert"]
     assert not at.info  # a fitted model: not exploring

@@ -62,34 +62,28 @@ def slo_table(policy: Mapping[str, Any]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["SLO", "Latency", "Bound", "Observed", "95% CI", "Within bound", "Status"])
 
 
-def arm_metrics(policy: Mapping[str, Any]) -> list[str]:
-    """The metrics the arms report, in the order they first appear."""
-    return list(dict.fromkeys(str(m.get("metric")) for a in policy.get("arms") or [] for m in a.get("metrics") or []))
-
-
 def arm_table(policy: Mapping[str, Any]) -> pd.DataFrame:
-    """One row per arm: requests, share with its interval, mean propensity, SLO compliance, and
-    each metric's estimate with its 95 % interval."""
-    metrics = arm_metrics(policy)
-    columns = ["Arm", "Requests", "Share", "Share 95% CI", "Mean propensity", "SLO compliance",
-               *(metric_label(m) for m in metrics)]
-    rows = []
-    for a in policy.get("arms") or []:
-        row: dict[str, Any] = {
-            "Arm": str(a.get("arm")),
-            "Requests": fmt_count(a.get("requests")),
-            "Share": fmt_pct(a.get("share")),
-            "Share 95% CI": fmt_interval(SHARE, _pair(a.get("share_ci"))[:2]),
-            "Mean propensity": "—" if a.get("mean_propensity") is None else f"{float(a['mean_propensity']):.3f}",
-            "SLO compliance": fmt_pct(a.get("slo_compliance")),
-        }
-        by_metric = {str(m.get("metric")): m for m in a.get("metrics") or []}
-        for m in metrics:
-            cell = by_metric.get(m)
-            row[metric_label(m)] = "—" if cell is None or cell.get("estimate") is None else \
-                f"{fmt_value(m, cell.get('estimate'))} {fmt_interval(m, _pair(cell.get('ci'))[:2])} (n {fmt_count(cell.get('n'))})"
-        rows.append(row)
-    return pd.DataFrame(rows, columns=columns)
+    """One row per arm: requests, share with its interval, mean propensity, SLO compliance."""
+    rows = [{
+        "Arm": str(a.get("arm")),
+        "Requests": fmt_count(a.get("requests")),
+        "Share": fmt_pct(a.get("share")),
+        "Share 95% CI": fmt_interval(SHARE, _pair(a.get("share_ci"))[:2]),
+        "Mean propensity": "—" if a.get("mean_propensity") is None else f"{float(a['mean_propensity']):.3f}",
+        "SLO compliance": fmt_pct(a.get("slo_compliance")),
+    } for a in policy.get("arms") or []]
+    return pd.DataFrame(rows, columns=["Arm", "Requests", "Share", "Share 95% CI", "Mean propensity", "SLO compliance"])
+
+
+def arm_metric_table(policy: Mapping[str, Any]) -> pd.DataFrame:
+    """One row per (metric, arm): the requests with a value, the mean and its 95 % interval;
+    metrics in the order the arms report them, so one metric's arms sit together."""
+    cells = [(str(m.get("metric")), str(a.get("arm")), m) for a in policy.get("arms") or [] for m in a.get("metrics") or []]
+    order = {name: i for i, name in enumerate(dict.fromkeys(metric for metric, _, _ in cells))}
+    rows = [{"Metric": metric_label(metric), "Arm": arm, "n": fmt_count(m.get("n")), "Estimate": fmt_value(metric, m.get("estimate")),
+             "95% CI": fmt_interval(metric, _pair(m.get("ci"))[:2])}
+            for metric, arm, m in sorted(cells, key=lambda c: order[c[0]])]
+    return pd.DataFrame(rows, columns=["Metric", "Arm", "n", "Estimate", "95% CI"])
 
 
 def credit_table(credit: Mapping[str, Any]) -> pd.DataFrame:
@@ -144,8 +138,12 @@ def section(policy: Mapping[str, Any], credits: Sequence[Mapping[str, Any]]) -> 
             tables.show(slos, key=f"{key}_slo")
         if policy.get("arms"):
             st.altair_chart(charts.arm_share_chart(policy), width="stretch")
-            st.markdown("**Per arm**: share of requests, how likely it was picked, and each metric with its 95% interval")
+            st.markdown("**Per arm**: its share of requests and how likely the policy was to pick it")
             tables.show(arm_table(policy), key=f"{key}_arms", flex=("Arm",))
+            metrics = arm_metric_table(policy)
+            if not metrics.empty:
+                st.markdown("**Each arm's metrics**: the mean over its requests with a value, with its 95% interval")
+                tables.show(metrics, key=f"{key}_arm_metrics", flex=("Metric",))
         for note in policy.get("notes") or []:
             st.caption(md_escape(note))
         _credit(key, credits)

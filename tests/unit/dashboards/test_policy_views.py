@@ -55,14 +55,16 @@ def test_slo_rows_compare_the_observed_statistic_with_its_bound() -> None:
     assert policies.slo_table({**POLICY, "slo": [{**POLICY["slo"][0], "met": None}]})["Status"].tolist() == ["🟡 not enough data"]
 
 
-def test_the_arm_table_has_a_column_per_metric_any_arm_reports() -> None:
+def test_the_arm_tables_give_shares_and_each_metric_per_arm() -> None:
     table = policies.arm_table(POLICY)
     assert list(table["Arm"]) == ["fast", "expert"]
-    assert list(table.columns[-2:]) == ["Accuracy", table.columns[-1]] and "ttft" not in table.columns[-1]
-    fast, expert = table.to_dict("records")
-    assert fast["Share"] == "25.0%" and fast["Share 95% CI"] == "[22.0%, 28.0%]" and fast["Mean propensity"] == "0.310"
-    assert fast["Accuracy"] == "55.0% [52.0%, 58.0%] (n 990)"
-    assert expert[table.columns[-1]] == "—"  # expert reports no TTFT
+    fast = table.to_dict("records")[0]
+    assert fast == {"Arm": "fast", "Requests": "1,000", "Share": "25.0%", "Share 95% CI": "[22.0%, 28.0%]",
+                    "Mean propensity": "0.310", "SLO compliance": "99.0%"}
+    metrics = policies.arm_metric_table(POLICY)
+    assert [(r["Arm"], r["n"], r["Estimate"], r["95% CI"]) for r in metrics.to_dict("records")][:2] == [
+        ("fast", "990", "55.0%", "[52.0%, 58.0%]"), ("expert", "2,950", "80.0%", "[78.0%, 82.0%]")]  # accuracy's arms together
+    assert len(metrics) == 3 and metrics["Arm"].iloc[2] == "fast"  # expert reports no TTFT: no row
 
 
 def test_the_share_chart_reads_percentages_with_intervals() -> None:
@@ -100,7 +102,7 @@ def test_the_section_shows_shares_slo_arms_and_credit() -> None:
     assert [h.value for h in at.subheader] == ["Policy variants: per-arm view"]
     text = " ".join(str(m.value) for m in at.markdown)
     assert "SLO compliance" in text and "1 unmet" in text and "add up to it" in text and "**Routing**" in text
-    assert len(at.dataframe) == 4  # SLO, per arm, credit, features
+    assert len(at.dataframe) == 5  # SLO, per arm, per arm and metric, credit, features
     assert list(at.dataframe[1].value["Arm"]) == ["fast", "expert"]
     assert not at.info  # a fitted model: not exploring
     assert any("12 requests without arm" in str(c.value) for c in at.caption)
@@ -110,7 +112,7 @@ def test_an_exploring_policy_says_so_and_a_result_without_policies_shows_nothing
     exploring = {**copy.deepcopy(POLICY), "exploring": True, "model_version": "uniform:abc"}
     at = AppTest.from_function(_section, args=({"policies": [exploring]}, None), default_timeout=30).run()
     assert "exploring uniformly: no model yet" in at.info[0].value
-    assert len(at.dataframe) == 2  # no attribution: no credit
+    assert len(at.dataframe) == 3  # no attribution: no credit
     at = AppTest.from_function(_section, args=({"metrics": []}, {"pareto": {}}), default_timeout=30).run()
     assert not at.subheader and not at.dataframe and not at.exception
 

@@ -51,11 +51,11 @@ def analyze(
     """Offline analysis of an event file with the same engine and JSON as the results API."""
     spec = _load_spec(config)
     from ablab.platform.analytics.event_files import read_events
-    from ablab.platform.stats.offline import analyze_events
+    from ablab.platform.analytics.offline import analyze_file_events
 
     try:
         table = read_events(events)
-        results, agg = analyze_events(table, spec)
+        results, agg = analyze_file_events(table, spec)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     if rejects is not None and agg.rejected is not None:

@@ -33,7 +33,7 @@ from . import unit_agg as ua
 from .aggregates import VariantStats, segment_stats_from_units, variant_stats_from_units
 from .engine import analyze_results
 from .metrics import DIM_PREFIX, MEASURE_PREFIX
-from .result_models import Results
+from .result_models import PolicyBreakdown, Results
 from .spec import ExperimentSpec
 
 Array = NDArray[Any]  # one value per event row, unit or code
@@ -463,14 +463,15 @@ def _exposures(
     return {v.key: float(counts.get(v.key, 0)) for v in spec.variants}
 
 
-def analyze_events(events: Any, spec: ExperimentSpec) -> tuple[Results, OfflineAggregates]:
-    """The engine's results over an event file (``ablab analyze``), and what was aggregated."""
+def analyze_events(events: Any, spec: ExperimentSpec, *,
+                   policies: list[PolicyBreakdown] | None = None) -> tuple[Results, OfflineAggregates]:
+    """The engine's results over an event file, and what was aggregated. ``policies``: the
+    policy variants' breakdowns, which the policy package computes (it reads this package, so
+    ``ablab analyze`` joins them one layer up: :mod:`ablab.platform.analytics.offline`)."""
     agg = aggregate_events(events, spec)
     extra: dict[str, Any] = {"data_quality": agg.data_quality}
-    from ablab.platform.policy.breakdown import has_policies, policy_results  # the policy package reads this module
-
-    if has_policies(spec):  # a policy variant's arms and SLOs (issue 33), from the reading GET …/results uses
-        extra["policies"] = policy_results(to_table(events), spec)
+    if policies is not None:
+        extra["policies"] = policies
     result = analyze_results(spec=spec, stats=agg.stats, exposures=agg.exposures, extra=extra,
                              segments=agg.segments, shadows=agg.shadows)
     return result, agg

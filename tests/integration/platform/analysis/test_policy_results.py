@@ -19,10 +19,10 @@ import numpy as np
 import pytest
 
 from ablab.platform.analytics.event_files import read_events
+from ablab.platform.analytics.offline import analyze_file_events as analyze_events
 from ablab.platform.policy.credit import policy_credits_from_events
 from ablab.platform.policy.evaluate import Decider
 from ablab.platform.policy.simulate import Environment, experiment_events, fit_after_exploring, router_policy
-from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.spec import parse_spec
 from ablab_testing import run_child_json
 from ablab_testing.results import assert_same_results

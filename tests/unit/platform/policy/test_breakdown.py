@@ -12,11 +12,11 @@ import pyarrow as pa
 import pytest
 
 from ablab.platform.analytics.event_files import read_events
+from ablab.platform.analytics.offline import analyze_file_events as analyze_events
 from ablab.platform.analytics.results import policy_breakdowns
 from ablab.platform.policy.breakdown import has_policies, policy_results
 from ablab.platform.policy.evaluate import Decider
 from ablab.platform.policy.simulate import Environment, experiment_events, fit_after_exploring, router_policy
-from ablab.platform.stats.offline import analyze_events
 from ablab.platform.stats.result_models import PolicyBreakdown, Results
 from ablab.platform.stats.spec import parse_spec
 

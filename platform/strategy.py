@@ -358,10 +358,14 @@ class OpenStrategy(Strategy):
             # the experiment's custom metrics this model does not have
             if not isinstance(data["policy"], Mapping):
                 raise ValueError(f"policy: expected a mapping (kind, arms, ...), got {type(data['policy']).__name__}")
-            others = sorted(str(k) for k in data if k not in ("policy", "schema_version"))
+            # a stored policy strategy comes back from the registry dumped, with every built-in
+            # factor at its default beside `policy`: those say nothing and are dropped
+            defaults = _default_dump(cls)
+            others = sorted(str(k) for k in data if k not in ("policy", "schema_version") and data[k] != defaults.get(k, _UNSET))
             if others:
                 raise ValueError(f"a policy strategy holds only `policy`; put {', '.join(others)} in each arm")
-            return {**data, "policy": json.loads(json.dumps(data["policy"]))}
+            kept = {k: v for k, v in data.items() if k in ("policy", "schema_version")}
+            return {**kept, "policy": json.loads(json.dumps(data["policy"]))}
         extra = [k for k in data if k not in cls.model_fields]
         if len(extra) > MAX_DECLARED:
             raise ValueError(f"at most {MAX_DECLARED} declared factors per strategy, got {len(extra)}")
@@ -426,6 +430,17 @@ class OpenStrategy(Strategy):
         """The policy mapping of a policy strategy (docs/policies.md), else None."""
         value = (self.__pydantic_extra__ or {}).get("policy")
         return value if isinstance(value, dict) else None
+
+
+_UNSET = object()
+_DEFAULTS: dict[type, dict[str, Any]] = {}
+
+
+def _default_dump(cls: type[BaseModel]) -> dict[str, Any]:
+    """The JSON dump of a strategy that sets nothing (its built-in defaults), computed once."""
+    if cls not in _DEFAULTS:
+        _DEFAULTS[cls] = cls().model_dump(mode="json")
+    return _DEFAULTS[cls]
 
 
 def open_strategy(strategy: Mapping[str, Any] | None, *, factors: FactorChecker | None = None) -> OpenStrategy:

@@ -110,9 +110,6 @@ def test_the_results_show_the_per_arm_view_of_the_policy_variant(seeded_api, ope
     assert any("Mean propensity" in d.value.columns for d in at.dataframe)
 
 
-@pytest.mark.xfail(strict=True, reason="GET /v1/experiments/{key}/attribution answers 500 for a policy experiment made "
-                   "through the registry: its stored strategy spells the built-in defaults beside `policy`, which "
-                   "open_strategy refuses (a policy strategy holds only `policy`); strict, so the fix shows here")
 def test_the_results_credit_the_policy_gain_to_its_arms(seeded_api, open_app):
     with seeded_api.client("viewer") as api:
         answer = api.get(f"/v1/experiments/{POLICY_SEEDED}/attribution")

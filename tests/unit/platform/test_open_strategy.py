@@ -88,3 +88,16 @@ def test_the_runtime_gets_its_typed_strategy_and_ignores_the_rest() -> None:
     assert runtime.content_hash == Strategy(sparse_ffn_k=32).content_hash
     served = open_strategy(stored)
     assert isinstance(served, Strategy) and served.sparse_ffn_k == 32 and served.content_hash == content_hash(stored)
+
+
+def test_a_policy_strategy_reopens_from_its_stored_dump_and_refuses_a_set_factor_beside_it() -> None:
+    """The registry stores a strategy as its dump, every built-in factor at its default beside
+    ``policy``; reading it back (results, attribution) must give the same policy strategy."""
+    policy = {"kind": "fixed", "arm": "terse"}
+    stored = open_strategy({"policy": policy}).model_dump(mode="json")
+    assert "precision" in stored  # the defaults are spelled out: what the registry returns
+    again = open_strategy(stored)
+    assert again.policy == policy
+    assert again.model_dump(mode="json") == stored
+    with pytest.raises(ValueError, match="holds only `policy`; put precision"):
+        open_strategy({**stored, "precision": "int8"})  # a factor set beside the policy belongs in an arm

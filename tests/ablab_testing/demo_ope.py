@@ -88,7 +88,8 @@ def render(check: dict[str, Any]) -> str:
 
 
 def policy_events(outbox: Path, *, experiment: str = EXPERIMENT, variant: str = ROUTER) -> Iterator[dict[str, Any]]:
-    """The policy variant's exposure and inference events in a gateway's outbox files."""
+    """The policy variant's exposure and inference events in a gateway's outbox files; not its
+    requests' shadows (``shadow_of``), which serve the shadow strategy, not an arm."""
     for path in sorted(outbox.rglob("*.jsonl")):
         for line in path.read_bytes().splitlines():
             try:
@@ -96,5 +97,5 @@ def policy_events(outbox: Path, *, experiment: str = EXPERIMENT, variant: str = 
             except ValueError:
                 continue  # a line being written
             if event.get("experiment") == experiment and event.get("variant") == variant \
-                    and event.get("type") in ("exposure", "inference"):
+                    and event.get("type") in ("exposure", "inference") and not event.get("shadow_of"):
                 yield event

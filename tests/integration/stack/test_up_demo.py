@@ -2,12 +2,16 @@
 
 Real parts throughout: the Maven-jar Kafka broker, the API with embedded chdb and its
 loader, the PyFlink mini-cluster job, two torch workers, traffic and labelers, and
-SmolLM2 behind llama_cpp.server behind `ablab gateway`, asked graded questions.
+SmolLM2 behind llama_cpp.server behind `ablab gateway`, asked graded questions, a share of
+them long; demo-llm's router variant chooses a system prompt per request, and off-policy
+evaluation of one of its arms from the store's logs is checked against the fixed variant
+serving the same strategy.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -18,6 +22,7 @@ import httpx
 import pytest
 
 from ablab_testing import ABLAB, server_ports, wait_for
+from ablab_testing.demo_ope import ESTIMATORS, ope_check, policy_events, render
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -111,7 +116,7 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
 
         # the real LLM: SmolLM2 behind llama.cpp, behind the gateway, graded answers as labels
         # and multi-turn conversations with dialogue_state off and on; demo-llm shadowed
-        llm_want = {"helpful-t0", "helpful-t1", "terse-t0", "terse-t1"}
+        llm_want = {"helpful-t0", "helpful-t1", "terse-t0", "terse-t1", "router"}
         dialogue_want = {"state-off", "state-on"}
         llm: dict = {}
         dialogue: dict = {}
@@ -137,6 +142,40 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         assert tokens["state-on"] < 0.6 * tokens["state-off"], tokens  # the history replaced by three slots
         shadowed = [row for row in llm.get("shadows", []) if row["metric"] == "e2e_ms"]
         assert sum(row["coverage"]["shadowed"] for row in shadowed) > 0, f"no shadow events: {json.dumps(llm)[:2000]}"
+
+        # the router (issue 33): its requests log the choice, and off-policy evaluation of
+        # "always router.terse" from the logs agrees with terse-t0, the fixed variant serving
+        # the same strategy, measured in the same experiment. Waited for: graded requests on
+        # both arms and intervals of positive width on both sides (a width-0 interval, all
+        # answers right or all wrong so far, is not an interval estimate yet).
+        def router_checks() -> dict[str, dict] | None:
+            checks = {m: ope_check(api, metric=m) for m in ("accuracy", "e2e_ms")}
+            for check in checks.values():
+                if check is None or not all(check["router_arms"].get(a) for a in ("router.terse", "router.helpful")):
+                    return None
+                if not all(side["width"] for side in (check["measured"], *check["ope"].values())):
+                    return None
+            return checks
+
+        waited = time.monotonic()
+        checks = wait_for(router_checks, timeout_s=60, interval_s=5, what="graded requests on both router arms",
+                          on_timeout=lambda: json.dumps(ope_check(api))[:2000])
+        print(f"router check ready after {time.monotonic() - waited:.0f} s more")
+        for metric, check in checks.items():
+            print(render(check))  # the numbers a report quotes (pytest -s)
+            assert check["measured"]["n"] > 0 and check["candidate_logged"]["n"] > 0, check
+            for side in (check["measured"], *(check["ope"][e] for e in ESTIMATORS)):
+                assert all(isinstance(x, float) and math.isfinite(x) for x in (side["estimate"], *side["ci"])), check
+                assert side["ci"][0] <= side["estimate"] <= side["ci"][1], check
+            assert check["overlap"]["dr"], f"{metric}: OPE of always router.terse disagrees with terse-t0\n{render(check)}"
+        events = list(policy_events(tmp_path / "home" / "gateway-outbox"))
+        assert {e["type"] for e in events} == {"exposure", "inference"}, events[:3]
+        for e in events:
+            assert e["arm"] in ("terse", "helpful") and isinstance(e["policy_version"], str) and e["policy_version"], e
+            # uniform until a model is published (1/2 each), then 0.9 for the cell's choice, 0.1 for the other
+            want = {0.5} if e["policy_version"].startswith("uniform:") else {0.1, 0.9}
+            assert 0 < e["propensity"] <= 1 and min(abs(e["propensity"] - p) for p in want) < 1e-9, e
+
         status = subprocess.run([ABLAB, "status"], env=env, capture_output=True, text=True, timeout=60, check=False)
         assert "gateway" in status.stdout and "llm" in status.stdout and "llm-dialogue" in status.stdout, status.stdout
     finally:

@@ -28,7 +28,7 @@ from ablab.platform.stats.result_models import ArmMetric, ArmRow, PolicyBreakdow
 from ablab.platform.stats.spec import ExperimentSpec
 
 from .ope import LoggedRequests
-from .ope import _ci as unit_ratio
+from .ope import unit_ratio
 from .spec import PER_REQUEST_METRICS, PolicyT, SloBound, SloRouter, objective_of, policy_of
 
 Floats = npt.NDArray[np.float64]

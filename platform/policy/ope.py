@@ -62,7 +62,7 @@ class LoggedRequests:
         return int(self.action.size)
 
 
-def _ci(num_u: Floats, den_u: Floats, alpha: float) -> dict[str, Any]:
+def unit_ratio(num_u: Floats, den_u: Floats, alpha: float) -> dict[str, Any]:
     den = float(den_u.sum())
     if den <= 0 or num_u.size == 0:
         return {"estimate": None, "ci": [None, None], "se": None}
@@ -132,8 +132,8 @@ def estimate(
     w = pi[np.arange(n), action] / mu if n else np.zeros(0)
     ones = np.ones(n)
     out: dict[str, Any] = {"source": source, "n": int(n), "units": int(n_units), "rows_without_value": int(n_all - n)}
-    out["ips"] = _ci(_per_unit(unit, w * r, n_units), _per_unit(unit, ones, n_units), alpha)
-    out["snips"] = _ci(_per_unit(unit, w * r, n_units), _per_unit(unit, w, n_units), alpha)
+    out["ips"] = unit_ratio(_per_unit(unit, w * r, n_units), _per_unit(unit, ones, n_units), alpha)
+    out["snips"] = unit_ratio(_per_unit(unit, w * r, n_units), _per_unit(unit, w, n_units), alpha)
 
     # DR, cross-fitted over units: fold = unit code mod folds (codes are the sorted unit ids,
     # so every reader of the same logs makes the same folds)
@@ -145,7 +145,7 @@ def estimate(
         q = reward_model(action[train], cell[train], r[train], a_count, n_cells)
         qx = q[:, cell[test]].T  # rows × actions
         psi[test] = (pi[test] * qx).sum(axis=1) + w[test] * (r[test] - qx[np.arange(int(test.sum())), action[test]])
-    out["dr"] = _ci(_per_unit(unit, psi, n_units), _per_unit(unit, ones, n_units), alpha)
+    out["dr"] = unit_ratio(_per_unit(unit, psi, n_units), _per_unit(unit, ones, n_units), alpha)
 
     sw, sw2 = float(w.sum()), float(np.dot(w, w))
     out["ess"] = sw * sw / sw2 if sw2 > 0 else 0.0
@@ -200,6 +200,6 @@ def logged_means(logs: LoggedRequests, source: str, alpha: float = 0.05) -> list
         rows = (logs.action == a) & np.isfinite(r_all)
         units, unit = np.unique(logs.unit[rows], return_inverse=True)
         unit = unit.reshape(-1).astype(np.int64)
-        res = _ci(_per_unit(unit, r_all[rows], units.size), _per_unit(unit, np.ones(int(rows.sum())), units.size), alpha)
+        res = unit_ratio(_per_unit(unit, r_all[rows], units.size), _per_unit(unit, np.ones(int(rows.sum())), units.size), alpha)
         out.append({"arm": name, "n": int(rows.sum()), "units": int(units.size), **res})
     return out

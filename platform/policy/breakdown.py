@@ -27,8 +27,7 @@ from ablab.platform import fields
 from ablab.platform.stats.result_models import ArmMetric, ArmRow, PolicyBreakdown, SloCompliance
 from ablab.platform.stats.spec import ExperimentSpec
 
-from .ope import LoggedRequests
-from .ope import unit_ratio
+from .ope import LoggedRequests, unit_ratio
 from .spec import PER_REQUEST_METRICS, PolicyT, SloBound, SloRouter, objective_of, policy_of
 
 Floats = npt.NDArray[np.float64]

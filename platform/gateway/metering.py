@@ -79,12 +79,15 @@ def cost(*, backend: Backend, model: str | None, prompt_tokens: int, output_toke
 
 
 def strategy_id(strategy: dict[str, Any] | Any) -> str:
-    """The registry's content hash where the strategy model accepts it, else a hash of the
-    canonical JSON (what the worker and the gateway both report as ``strategy``)."""
+    """The registry's content hash (``strategy_hash``) where the open strategy model accepts
+    it, else a hash of the canonical JSON (what the worker and the gateway both report as
+    ``strategy``). The open model fills built-in defaults in before hashing, so one strategy
+    has one id whether its defaults are spelled out (a fixed variant as the registry stores
+    it) or left out (a policy arm, a shadow, an SDK caller's mapping)."""
     try:
-        from ablab.platform.strategy import Strategy
+        from ablab.platform.strategy import open_strategy
 
-        return Strategy.model_validate(dict(strategy)).content_hash
+        return open_strategy(dict(strategy)).content_hash
     except Exception:
         canonical = json.dumps(strategy, sort_keys=True, separators=(",", ":"), default=str)
         return hashlib.sha256(canonical.encode()).hexdigest()[:32]

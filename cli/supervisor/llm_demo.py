@@ -17,9 +17,11 @@ which the demo experiments target:
   question, so the answer does not change but the prompt is long. Whether a request has one,
   and which sentences in which order, is drawn from the loop's seeded ``random.Random``:
   the same seed sends the same prompts. The order varies per request so llama.cpp's prefix
-  cache cannot hide the length. This spreads ``prompt_tokens`` (about 15 tokens without,
-  150-400 with), the feature the ``router`` variant of ``demo-llm`` chooses by: prefill on
-  SmolLM2 costs milliseconds per token, so long prompts are the ones a TTFT SLO binds on.
+  cache cannot hide the length. This splits ``prompt_tokens`` (about 15 tokens without,
+  430-560 with), the feature the ``router`` variant of ``demo-llm`` chooses by: prefill on
+  SmolLM2 costs milliseconds per token, and the ``helpful`` system prompt
+  (:data:`HELPFUL_PROMPT`, about 300 tokens) sits before the question, so a long question on
+  it is the one case a TTFT SLO binds on.
 - ``dialogue`` (``demo-llm-dialogue``): a multi-turn conversation per request. Facts about
   the user (name, city, favourite colour) are stated in its first two turns, a few filler
   turns follow (questions from ``QUESTIONS`` with canned assistant answers), and the last
@@ -94,9 +96,54 @@ FILLER: tuple[str, ...] = (
     "A window at the back looks onto a courtyard with a single bench.",
     "Quiet conversations are allowed in the hall but not between the shelves.",
     "The room closes a little earlier on public holidays.",
+    "A tall plant stands by the radiator and leans toward the light.",
+    "Pencils are sharpened at a metal sharpener screwed to the end of the counter.",
+    "The carpet near the entrance has worn thin where people wipe their shoes.",
+    "Each lamp has a brass switch that clicks loudly when it is turned.",
+    "Old magazines are stacked on a low table beside the armchairs.",
+    "The windows are opened for a few minutes every morning to let in fresh air.",
+    "A framed photograph of the building under construction hangs near the stairs.",
+    "Readers who want a quiet corner usually head for the back row of desks.",
+    "The librarian waters the plants on the windowsill before lunch.",
+    "A notice asks visitors to return chairs to their places before leaving.",
+    "The local history shelf is the most popular one on rainy afternoons.",
+    "Somebody always forgets a scarf on the coat rack by closing time.",
 )
+# The demo-llm `helpful` system prompt (helpful-t0, helpful-t1 and the router's `helpful` arm;
+# demo.yaml spells the same text, a test holds them equal): an instruction and a dozen
+# one-line examples, about 300 tokens, against terse's six words. Its prefill is what makes
+# the router's choice turn on length: a long question on top of it misses the TTFT SLO that a
+# long question alone or a short one on top of it meets (docs/policies.md "Demo: the router").
+# No example's answer is an accepted answer of QUESTIONS (a test holds it), so a reply that
+# echoes an example is never graded right by accident.
+HELPFUL_SHOTS: tuple[tuple[str, str], ...] = (
+    ("What is the capital of Canada?", "Ottawa."),
+    ("What color is snow?", "White."),
+    ("How many wheels does a bicycle have?", "Two."),
+    ("What is 6 plus 3?", "Nine."),
+    ("What animal says meow?", "Cat."),
+    ("What is the largest planet in our solar system?", "Jupiter."),
+    ("How many sides does a triangle have?", "Three."),
+    ("What do bees make?", "Honey."),
+    ("What is the capital of Australia?", "Canberra."),
+    ("What is the opposite of up?", "Down."),
+    ("What is the hardest natural material?", "Diamond."),
+    ("How many minutes are in an hour?", "Sixty."),
+    ("Some notes that do not matter for the question: The garden gate is painted and the path is "
+     "lined with stones.\n\nQuestion: What do cows drink?", "Water."),
+)
+HELPFUL_PROMPT = (
+    "You are a helpful assistant. Read the user's message, find the question in it and answer that "
+    "question correctly, with the answer itself first, in one or two words. If the message also "
+    "contains notes or background that the question does not need, ignore them. Do not explain and "
+    "do not repeat the question. Examples of good answers:\n\n"
+    + "\n\n".join(f"Question: {q}\nAnswer: {a}" if not q.startswith("Some notes") else f"{q}\nAnswer: {a}"
+                  for q, a in HELPFUL_SHOTS)
+)
+TERSE_PROMPT = "Answer with one word only."
 CONTEXT_SHARE = 0.5  # of qa requests carry a context preamble
-CONTEXT_SENTENCES = (8, 20)  # sentences of FILLER in a preamble: about 120-330 tokens
+CONTEXT_SENTENCES = (24, 30)  # sentences of FILLER in a preamble: about 400-500 tokens, so every long
+# prompt is long: the router's long bins then all sit well above a short one plus the helpful prompt
 
 
 def qa_prompt(rng: random.Random, question: str, *, share: float = CONTEXT_SHARE,

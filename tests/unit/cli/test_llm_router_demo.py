@@ -1,5 +1,6 @@
 """demo-llm's router variant (issue #33 item 7) on fixed inputs: the qa workload's long and
-short prompts, the router's declaration in demo.yaml (its arms are the two t0 variants'
+short prompts, the two system prompts whose lengths make the router's choice turn on the
+prompt's length, the router's declaration in demo.yaml (its arms are the two t0 variants'
 strategies, so OPE of one arm can be checked against that fixed variant), the demo API's
 refit interval, and the live check's interval arithmetic."""
 
@@ -17,7 +18,17 @@ import pytest
 import yaml
 
 from ablab.cli import stack
-from ablab.cli.supervisor.llm_demo import CONTEXT_SENTENCES, FILLER, QUESTIONS, grade, qa_prompt, run_llm_traffic
+from ablab.cli.supervisor.llm_demo import (
+    CONTEXT_SENTENCES,
+    FILLER,
+    HELPFUL_PROMPT,
+    HELPFUL_SHOTS,
+    QUESTIONS,
+    TERSE_PROMPT,
+    grade,
+    qa_prompt,
+    run_llm_traffic,
+)
 from ablab.inference.serving.events import ListSink
 from ablab.platform.gateway.protocol import estimate_tokens
 from ablab.platform.policy.spec import SloRouter, parse_policy
@@ -42,7 +53,7 @@ def test_about_half_the_qa_prompts_carry_a_preamble_of_a_few_hundred_tokens() ->
     short = [estimate_tokens(len(p)) for p, k in prompts if not k]
     assert 0.45 < len(long) / len(prompts) < 0.55
     assert all(CONTEXT_SENTENCES[0] <= k <= CONTEXT_SENTENCES[1] for _, k in prompts if k)
-    assert max(short) < 20 and 120 < min(long) and max(long) < 450  # apart: the router's bins tell them apart
+    assert max(short) < 20 and 400 < min(long) and max(long) < 600  # apart: the router's bins tell them apart
     assert all(p == "What is the capital of France?" for p, k in prompts if not k)
     assert all(p.endswith("\n\nQuestion: What is the capital of France?") for p, k in prompts if k)
 
@@ -64,6 +75,31 @@ def test_no_filler_sentence_contains_any_accepted_answer() -> None:
     for _, answers in QUESTIONS:
         assert not grade(text, answers), answers  # an echo of the context is never graded right
     assert not re.search(r"\d", text)
+
+
+def test_the_helpful_prompt_is_long_enough_that_a_long_question_on_it_is_the_one_slow_cell() -> None:
+    # prefill grows with the tokens before the first answer token (system prompt + question):
+    # the four cells are ordered terse+short < helpful+short < terse+long < helpful+long with
+    # room between the last two, where the TTFT bound sits (docs/policies.md "Demo: the router"
+    # has the measured TTFT per cell)
+    rng = random.Random(2)
+    prompts = [qa_prompt(rng, q) for q, _ in QUESTIONS * 40]
+    short = [estimate_tokens(len(p)) for p, k in prompts if not k]
+    long = [estimate_tokens(len(p)) for p, k in prompts if k]
+    helpful, terse = estimate_tokens(len(HELPFUL_PROMPT)), estimate_tokens(len(TERSE_PROMPT))
+    assert terse < 10 and 250 < helpful < 400
+    assert terse + max(short) < helpful + min(short) - 200
+    assert helpful + max(short) < terse + min(long) - 100
+    assert helpful + min(long) > terse + max(long) + 150
+
+
+def test_the_helpful_examples_teach_short_answers_and_give_away_none() -> None:
+    assert len(HELPFUL_SHOTS) >= 10
+    assert all(len(a.split()) == 1 and a.endswith(".") for _, a in HELPFUL_SHOTS)
+    for question, answers in QUESTIONS:
+        assert not grade(HELPFUL_PROMPT, answers), question  # an echo of the examples is never graded right
+        assert question not in HELPFUL_PROMPT  # no asked question is an example
+    assert all(f"Question: {q}" in HELPFUL_PROMPT or q in HELPFUL_PROMPT for q, _ in HELPFUL_SHOTS)
 
 
 def test_qa_traffic_sends_the_preamble_in_the_one_user_turn_and_ledgers_its_length(tmp_path: Path) -> None:
@@ -103,9 +139,16 @@ def test_the_router_chooses_between_the_two_t0_strategies_by_prompt_length_under
     # OPE of "always router.terse" is checked against terse-t0: the same strategy, byte for byte
     assert content_hash(policy["arms"]["terse"]) == content_hash(variants["terse-t0"]["strategy"])
     assert content_hash(policy["arms"]["helpful"]) == content_hash(variants["helpful-t0"]["strategy"])
-    # the fixed variants keep their weights; the router's arms are each as often served as terse-t0
+    # one helpful and one terse system prompt across the experiment, the ones llm_demo names
+    assert {variants[k]["strategy"]["system_prompt"] for k in ("helpful-t0", "helpful-t1")} == {HELPFUL_PROMPT}
+    assert {variants[k]["strategy"]["system_prompt"] for k in ("terse-t0", "terse-t1")} == {TERSE_PROMPT}
+    assert policy["arms"]["helpful"]["system_prompt"] == HELPFUL_PROMPT
+    # the fixed variants keep their weights; the router has half the traffic, so its model is
+    # published within a demo and each arm is at least as often served as terse-t0
     assert [variants[k]["weight"] for k in ("helpful-t0", "helpful-t1", "terse-t0", "terse-t1")] == [1, 1, 1, 1]
-    assert variants["router"]["weight"] == 2
+    assert variants["router"]["weight"] == 4
+    # the bound sits between helpful + a long question and the other cells (docs/policies.md)
+    assert parsed.slos()[0].max_ms == 5000
 
 
 def test_the_demo_api_refits_policies_every_minute_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch,

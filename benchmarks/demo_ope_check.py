@@ -22,7 +22,7 @@ import _path  # noqa: F401  (tests/ on the import path)
 import httpx
 
 from ablab.platform.config import get_settings
-from ablab_testing.demo_ope import EXPERIMENT, ROUTER, ope_check, render
+from ablab_testing.demo_ope import EXPERIMENT, ROUTER, ope_check, render, render_choices, router_choices
 
 
 def _router_model(api_url: str, sdk_token: str | None) -> str:
@@ -56,10 +56,12 @@ def main() -> int:
     api = httpx.Client(base_url=api_url, headers={"Authorization": f"Bearer {token}"}, timeout=60)
     checks = {m: ope_check(api, metric=m) for m in (args.metric or ["accuracy", "e2e_ms"])}
     model = _router_model(api_url, os.environ.get("ABLAB_SDK_TOKEN") or tokens.get("sdk"))
+    choices = router_choices(api)
     if args.json:
-        print(json.dumps({"router_model": model, "checks": checks}, indent=2))
+        print(json.dumps({"router_model": model, "choices": choices, "checks": checks}, indent=2))
     else:
         print(f"router model: {model}")
+        print(render_choices(choices) if choices else "router: no model yet (uniform exploration)")
         for metric, check in checks.items():
             print(render(check) if check else f"{metric}: not yet (no graded request on router.terse or terse-t0)")
     return 0 if all(checks.values()) else 1

@@ -69,6 +69,45 @@ def ope_check(api: httpx.Client, *, metric: str = "accuracy", experiment: str = 
     }
 
 
+def router_choices(api: httpx.Client, *, experiment: str = EXPERIMENT, variant: str = ROUTER) -> dict[str, Any] | None:
+    """The router's newest kept model as one row per ``prompt_tokens`` bin: its range, the arm
+    it serves (with probability 1 − explore), and per arm the predicted TTFT p95, accuracy and
+    the requests it was fitted on. None while the router has no model (uniform exploration)."""
+    r = api.get(f"/v1/experiments/{experiment}/policy-models", params={"variant": variant})
+    r.raise_for_status()
+    items = r.json()["items"]
+    if not items:
+        return None
+    version = items[0]["version"]
+    r = api.get(f"/v1/experiments/{experiment}/policy-models", params={"variant": variant, "version": version})
+    r.raise_for_status()
+    model = r.json()["items"][0]["model"]
+    arms = list(model["arms"])
+    edges = model["binning"]["edges"][0] or []
+    bins = []
+    for cell, chosen in enumerate(model["choice"]):
+        lo = "-inf" if cell == 0 else f"{edges[cell - 1]:g}"
+        hi = "inf" if cell >= len(edges) else f"{edges[cell]:g}"
+        rng = "absent" if cell == len(edges) + 1 else f"[{lo}, {hi})"
+        bins.append({"prompt_tokens": rng, "choice": arms[chosen],
+                     "ttft_p95": {a: model["latency"][0][i][cell] for i, a in enumerate(arms)},
+                     "accuracy": {a: model["objective"][i][cell] for i, a in enumerate(arms)},
+                     "n": {a: model["counts"][i][cell] for i, a in enumerate(arms)}})
+    return {"version": version, "trained_on": model.get("trained_on"), "bound_ms": model["slo_bounds"][0], "bins": bins}
+
+
+def render_choices(choices: dict[str, Any]) -> str:
+    lines = [f"router model {choices['version']} (trained on {choices['trained_on']} requests), "
+             f"TTFT p95 bound {choices['bound_ms']:g} ms"]
+    for b in choices["bins"]:
+        if not sum(b["n"].values()):
+            continue  # an empty bin (the absent one): the arm's pooled values, no evidence
+        per_arm = ", ".join(f"{a}: p95 {b['ttft_p95'][a]:.0f} ms, acc {b['accuracy'][a]:.2f}, n {b['n'][a]}"
+                            for a in b["n"])
+        lines.append(f"  prompt_tokens {b['prompt_tokens']:<14} -> {b['choice']:<8} ({per_arm})")
+    return "\n".join(lines)
+
+
 def render(check: dict[str, Any]) -> str:
     """The check as a few lines of text: each estimator beside the measured fixed variant."""
     def fmt(side: dict[str, Any]) -> str:

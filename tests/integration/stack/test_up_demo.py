@@ -175,6 +175,13 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
             # uniform until a model is published (1/2 each), then 0.9 for the cell's choice, 0.1 for the other
             want = {0.5} if e["policy_version"].startswith("uniform:") else {0.1, 0.9}
             assert 0 < e["propensity"] <= 1 and min(abs(e["propensity"] - p) for p in want) < 1e-9, e
+        # one strategy, one id: an arm's inference events carry the id of the fixed variant
+        # serving the same strategy (the registry stores that one with its defaults spelled out)
+        outbox = tmp_path / "home" / "gateway-outbox"
+        for arm, fixed in (("terse", "terse-t0"), ("helpful", "helpful-t0")):
+            arm_ids = {e["strategy"] for e in events if e["type"] == "inference" and e["arm"] == arm}
+            fixed_ids = {e["strategy"] for e in policy_events(outbox, variant=fixed) if e["type"] == "inference"}
+            assert len(fixed_ids) == 1 and arm_ids == fixed_ids, (arm, arm_ids, fixed_ids)
 
         status = subprocess.run([ABLAB, "status"], env=env, capture_output=True, text=True, timeout=60, check=False)
         assert "gateway" in status.stdout and "llm" in status.stdout and "llm-dialogue" in status.stdout, status.stdout

@@ -84,16 +84,21 @@ def router_choices(api: httpx.Client, *, experiment: str = EXPERIMENT, variant: 
     model = r.json()["items"][0]["model"]
     arms = list(model["arms"])
     edges = model["binning"]["edges"][0] or []
+    latency = next(iter(model["latency"].values()))  # the one SLO's predictions: arm × cell
     bins = []
     for cell, chosen in enumerate(model["choice"]):
-        lo = "-inf" if cell == 0 else f"{edges[cell - 1]:g}"
-        hi = "inf" if cell >= len(edges) else f"{edges[cell]:g}"
-        rng = "absent" if cell == len(edges) + 1 else f"[{lo}, {hi})"
+        if cell > len(edges):
+            rng = "absent"  # the request had no prompt_tokens
+        else:
+            lo = "-inf" if cell == 0 else f"{edges[cell - 1]:g}"
+            hi = "inf" if cell == len(edges) else f"{edges[cell]:g}"
+            rng = f"[{lo}, {hi})"
         bins.append({"prompt_tokens": rng, "choice": arms[chosen],
-                     "ttft_p95": {a: model["latency"][0][i][cell] for i, a in enumerate(arms)},
+                     "ttft_p95": {a: latency[i][cell] for i, a in enumerate(arms)},
                      "accuracy": {a: model["objective"][i][cell] for i, a in enumerate(arms)},
                      "n": {a: model["counts"][i][cell] for i, a in enumerate(arms)}})
-    return {"version": version, "trained_on": model.get("trained_on"), "bound_ms": model["slo_bounds"][0], "bins": bins}
+    return {"version": version, "trained_on": model.get("trained_on"), "bound_ms": next(iter(model["slo"].values())),
+            "bins": bins}
 
 
 def render_choices(choices: dict[str, Any]) -> str:

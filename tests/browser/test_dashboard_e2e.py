@@ -117,12 +117,15 @@ def shots(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def page(stack):
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-dev-shm-usage"])
         pg = browser.new_page(viewport={"width": 1400, "height": 1000})
         pg.set_default_timeout(90_000)
+        # an assertion waits for its state as long as an action does: a Streamlit rerun on a
+        # loaded 2-core box can take longer than expect()'s own 5 s default
+        expect.set_options(timeout=60_000)
         yield pg
         browser.close()
 

@@ -136,7 +136,11 @@ def test_up_demo_shows_windows_and_attribution_and_down_leaves_nothing(tmp_path:
         tail = {p.name: p.read_text(errors="replace")[-1500:] for p in logs.glob("*.log") if p.name.startswith(("llm", "gateway"))}
         by_metric = {(m["metric"], m["variant"]): m for m in llm.get("metrics", [])}
         assert all(("accuracy", v) in by_metric for v in llm_want), f"demo-llm has no graded variants: {json.dumps(llm)[:2000]}\n{tail}"
-        assert all(by_metric[("e2e_ms", v)]["estimate"] > 0 for v in llm_want if ("e2e_ms", v) in by_metric)
+        # a variant's latency is positive wherever it has one (on a box loaded past SmolLM2's pace, a
+        # variant's few requests can all time out: graded, but with no latency to average)
+        e2e = {v: by_metric[("e2e_ms", v)] for v in llm_want if ("e2e_ms", v) in by_metric}
+        assert any(row["n"] for row in e2e.values()), e2e
+        assert all(row["estimate"] > 0 for row in e2e.values() if row["n"]), e2e
         assert labeled(dialogue) >= dialogue_want, f"demo-llm-dialogue has no graded variants: {json.dumps(dialogue)[:2000]}\n{tail}"
         tokens = {m["variant"]: m["estimate"] for m in dialogue["metrics"] if m["metric"] == "prompt_tokens"}
         assert tokens["state-on"] < 0.6 * tokens["state-off"], tokens  # the history replaced by three slots

@@ -22,6 +22,7 @@ from ablab.platform.gateway.auth import key_allowed, presented_key
 from ablab.platform.gateway.limits import HardeningMetrics
 from ablab.platform.gateway.model_routing import ModelCatalog
 from ablab.platform.gateway.observe import GatewayMetrics, tracer
+from ablab.platform.gateway.policy_hook import PolicyLoadFailures
 from ablab.platform.gateway.serving import (
     GatewayState,
     OpenAIServing,
@@ -48,6 +49,7 @@ def build_state(settings: GatewaySettings, *, sdk: Any = None, compress: Compres
     state = GatewayState(settings=settings, clients=upstream_pools(settings.backends), metrics=GatewayMetrics(), tracer=tracer(),
                          compress=compress)
     state.hardening = HardeningMetrics(state.metrics.registry)
+    state.metrics.registry.register(PolicyLoadFailures(state))
     state.catalog = ModelCatalog(settings, partial(_list_backend_models, state))
     if sdk is None:
         log.warning("no assignment client (no sdk token): every request goes to the default backend %r",

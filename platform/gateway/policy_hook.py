@@ -15,9 +15,11 @@ The rest is here:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from prometheus_client.core import CounterMetricFamily
 
 from ablab.platform.gateway import protocol
 from ablab.platform.gateway.metering import strategy_id
@@ -47,6 +49,23 @@ class _Owner:
 _SERVERS: dict[int, PolicyServer] = {}
 _OWNERS: dict[tuple[int, tuple[tuple[str, str], ...]], _Owner] = {}
 MAX_OWNERS = 4096
+
+
+class PolicyLoadFailures:
+    """``ablab_gateway_policy_load_failures_total{reason}`` on the gateway's ``/metrics``: a
+    policy (``policy``) or a published model (``model``) this gateway could not load. Each kept
+    the previous decider, or uniform exploration, and failed no request (:class:`PolicyServer`)."""
+
+    def __init__(self, st: GatewayState) -> None:
+        self._st = st
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("ablab_gateway_policy_load_failures",
+                                     "Policies or policy models this gateway could not load (the previous one kept), by reason.",
+                                     labels=["reason"])
+        for reason in ("policy", "model"):
+            family.add_metric([reason], server_of(self._st).failures.get(reason, 0))
+        yield family
 
 
 def server_of(st: GatewayState) -> PolicyServer:

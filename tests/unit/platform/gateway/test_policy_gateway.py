@@ -98,3 +98,28 @@ def test_a_router_explores_uniformly_until_its_model_arrives_with_the_config(bac
     loaded = PolicyModel.from_json(model.to_json())
     assert recompute_propensity(router, loaded, features, ev["arm"]) == ev["propensity"]
     assert ev["propensity"] in (router.explore, 1 - router.explore * (len(router.arms) - 1))
+
+
+def test_a_broken_model_keeps_the_previous_one_and_is_counted_on_metrics(backend, tmp_path) -> None:
+    router = router_policy()
+    model = fit_after_exploring(router)
+    body = {**BODY, "messages": [{"role": "user", "content": "word " * 300}]}
+    headers = {"X-Ablab-Unit": "u1", "X-Ablab-Attr-Plan": "pro"}
+    with gateway_for(backend.url, tmp_path, {"router": {"policy": router.model_dump(mode="json")}}) as gw, \
+            httpx.Client(base_url=gw.url, timeout=30) as client:
+        sdk = gw.state().sdk
+        sdk.config = dataclasses.replace(sdk.config, revision="2",
+                                         policy_models={("exp", "router"): json.loads(model.to_json())})
+        client.post("/v1/chat/completions", json=body, headers=headers)
+        assert 'ablab_gateway_policy_load_failures_total{reason="model"} 0.0' in client.get("/metrics").text
+        # the next config publishes a model this gateway cannot read: the request is still
+        # decided, by the model it had, and the failure is on /metrics
+        sdk.config = dataclasses.replace(sdk.config, revision="3",
+                                         policy_models={("exp", "router"): {"version": "broken", "cells": "?"}})
+        r = client.post("/v1/chat/completions", json=body, headers=headers)
+        assert r.status_code == 200, r.text
+        ev = _events(gw, r.headers["x-ablab-trace-id"])["inference"]
+        metrics = client.get("/metrics").text
+    assert ev["policy_version"] == model.version
+    assert 'ablab_gateway_policy_load_failures_total{reason="model"} 1.0' in metrics
+    assert 'ablab_gateway_policy_load_failures_total{reason="policy"} 0.0' in metrics

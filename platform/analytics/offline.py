@@ -18,5 +18,6 @@ from ablab.platform.stats.spec import ExperimentSpec
 
 def analyze_file_events(events: Any, spec: ExperimentSpec) -> tuple[Results, OfflineAggregates]:
     """The results of ``events`` (an Arrow table or frame) and what was aggregated."""
-    policies = policy_results(to_table(events), spec) if has_policies(spec) else None
-    return analyze_events(events, spec, policies=policies)
+    table = to_table(events)  # once: a frame's conversion copies every column
+    policies = policy_results(table, spec) if has_policies(spec) else None
+    return analyze_events(table, spec, policies=policies)
